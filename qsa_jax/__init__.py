@@ -1,0 +1,27 @@
+"""qsa-jax: the QSA sparse-attention operators of Qwen3.8-Flash-Next in JAX.
+
+Public API:
+
+- ``sparse_attention``: gated sparse GQA over a paged K/V cache.
+- ``compress_groups_with_ratio``: mean-pool groups of indexer keys (ring + raw rows).
+- ``store_cache_rows``: scatter rows into a paged cache (in place when donated).
+- ``select_config`` / ``SparseAttentionConfig``: the static tiling table.
+
+Each operator takes ``implementation=`` ("triton", "pallas", "xla" or None).
+"""
+
+from qsa_jax.ops.compress_groups import compress_groups_with_ratio
+from qsa_jax._implementations import available_implementations
+from qsa_jax.config import SparseAttentionConfig, reachable_configs, select_config
+from qsa_jax.ops.sparse_attention import sparse_attention
+from qsa_jax.ops.store_cache_rows import store_cache_rows
+
+__all__ = [
+    "SparseAttentionConfig",
+    "available_implementations",
+    "compress_groups_with_ratio",
+    "reachable_configs",
+    "select_config",
+    "sparse_attention",
+    "store_cache_rows",
+]

@@ -1,0 +1,87 @@
+"""Choosing an implementation (tokamax style).
+
+Every operator offers up to three implementations of the same function:
+``"triton"`` (the project's Triton kernels through jax-triton), ``"pallas"``
+(Pallas kernels; Triton lowering on GPU, the interpreter on CPU) and ``"xla"``
+(plain jnp/lax, runs anywhere). ``implementation=None`` takes the first one
+that can run here, in ``DEFAULT_ORDER``; naming one that cannot run raises
+``NotImplementedError`` saying why.
+"""
+
+from __future__ import annotations
+
+import jax
+
+IMPLEMENTATIONS = ("triton", "pallas", "xla")
+# The interpreter is far too slow to be a default: on CPU, None means "xla".
+DEFAULT_ORDER = {"gpu": ("triton", "pallas", "xla"), "cpu": ("xla",)}
+
+
+def backend() -> str:
+    """'gpu' when JAX's default backend is a CUDA GPU, else 'cpu'."""
+    return "gpu" if jax.default_backend() in ("gpu", "cuda") else "cpu"
+
+
+class Registry:
+    """The implementations of one operator, imported lazily by module name.
+
+    Each implementation module ``qsa_jax.ops.<op>.<name>`` defines
+    ``run(problem, *arrays)`` (traceable under jit) and ``why_not() -> str | None``
+    (None when it can run on this machine). A module that does not exist yet,
+    or fails to import (e.g. jax-triton missing), is reported as unavailable.
+    """
+
+    def __init__(self, op: str, package: str):
+        self.op = op
+        self.package = package
+        self._modules: dict[str, object] = {}
+
+    def module(self, name: str):
+        if name not in self._modules:
+            import importlib
+
+            try:
+                self._modules[name] = importlib.import_module(f"{self.package}.{name}")
+            except ImportError as exc:
+                self._modules[name] = exc
+        return self._modules[name]
+
+    def why_not(self, name: str) -> str | None:
+        mod = self.module(name)
+        if isinstance(mod, ImportError):
+            return f"{self.package}.{name} is not importable ({mod})"
+        return mod.why_not()
+
+    def run(self, name: str):
+        return self.module(name).run
+
+    def choose(self, requested: str | None) -> str:
+        """Name of the implementation to run (see the module docstring)."""
+        if requested is not None:
+            if requested not in IMPLEMENTATIONS:
+                raise ValueError(
+                    f"{self.op}: implementation must be one of {IMPLEMENTATIONS} or None; got {requested!r}")
+            reason = self.why_not(requested)
+            if reason is not None:
+                raise NotImplementedError(f"{self.op}: implementation {requested!r} cannot run here: {reason}")
+            return requested
+        for name in DEFAULT_ORDER[backend()]:
+            if self.why_not(name) is None:
+                return name
+        raise NotImplementedError(f"{self.op}: no implementation can run on backend {jax.default_backend()!r}")
+
+    def available(self) -> tuple[str, ...]:
+        return tuple(name for name in IMPLEMENTATIONS if self.why_not(name) is None)
+
+
+REGISTRIES = {
+    "sparse_attention": Registry("sparse_attention", "qsa_jax.ops.sparse_attention"),
+    "compress_groups_with_ratio": Registry("compress_groups_with_ratio", "qsa_jax.ops.compress_groups"),
+    "store_cache_rows": Registry("store_cache_rows", "qsa_jax.ops.store_cache_rows"),
+}
+
+
+def available_implementations(op: str) -> tuple[str, ...]:
+    """Implementations of ``op`` ("sparse_attention", "compress_groups_with_ratio",
+    "store_cache_rows") that can run here."""
+    return REGISTRIES[op].available()

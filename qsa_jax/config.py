@@ -1,0 +1,82 @@
+"""Launch configuration of the sparse-attention kernels, chosen from static shapes.
+
+Every implementation takes its tiling from here, so one table decides how the
+selection columns are cut into tiles and how tiles are dealt to split-K
+programs. The default is the originals' table (vLLM 0.30.0, tuned on GB300);
+the tiling is part of the numerical contract (the bf16 rounding of the
+probabilities depends on which tiles share a running maximum), so outputs agree
+with the originals best when the same config is used.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class SparseAttentionConfig(NamedTuple):
+    """Tiling of one sparse-attention launch.
+
+    Compares equal to the originals' ``(BLOCK_N, num_warps, num_tiles, num_splits)``
+    tuple.
+    """
+
+    block_n: int  # selection columns per tile (one K/V gather + two small matmuls)
+    num_warps: int  # warps per program (Triton-lowered kernels only)
+    num_tiles: int  # ceil(W / block_n): tiles a full row would have
+    num_splits: int  # split-K programs per (row, KV head); tiles dealt round-robin
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def select_config(
+    num_rows: int,
+    num_kv_heads: int,
+    use_prefill_config: bool,
+    num_columns: int,
+) -> SparseAttentionConfig:
+    """The originals' config table, keyed on ``num_rows * num_kv_heads``.
+
+    ``num_columns`` is the selection width W (without the trailing count
+    column). ``use_prefill_config`` only matters above 2048 programs, where a
+    prefill batch prefers narrower tiles with one warp.
+    """
+    if num_rows < 0 or num_kv_heads <= 0 or num_columns <= 0:
+        raise ValueError(
+            f"select_config needs num_rows >= 0, num_kv_heads > 0, num_columns > 0; got "
+            f"num_rows={num_rows}, num_kv_heads={num_kv_heads}, num_columns={num_columns}")
+    programs = num_rows * num_kv_heads
+    # (block_n, wanted splits, warps) by number of (row, KV head) programs: few
+    # programs need many splits to fill the GPU, many programs need none.
+    if programs > 2048:
+        block_n, splits, warps = (32, 1, 1) if use_prefill_config else (64, 1, 2)
+    elif programs <= 24:
+        block_n, splits, warps = 32, 64, 4
+    elif programs <= 32:
+        block_n, splits, warps = 32, 16, 1
+    elif programs <= 64:
+        block_n, splits, warps = 32, 8, 1
+    elif programs <= 128:
+        block_n, splits, warps = 32, 4, 1
+    elif programs <= 256:
+        block_n, splits, warps = 32, 8, 1
+    elif programs <= 512:
+        block_n, splits, warps = 64, 4, 2
+    else:
+        block_n, splits, warps = 64, 1, 2
+    num_tiles = _cdiv(num_columns, block_n)
+    # A split with no tile would only write an empty partial: cap at the tile count.
+    return SparseAttentionConfig(block_n, warps, num_tiles, min(splits, num_tiles))
+
+
+def reachable_configs(
+    num_kv_heads: int, num_columns: int, max_rows: int = 8192
+) -> list[SparseAttentionConfig]:
+    """Every config ``select_config`` can return for rows 1..max_rows and both flags."""
+    found = {
+        select_config(rows, num_kv_heads, flag, num_columns)
+        for rows in range(1, max_rows + 1)
+        for flag in (False, True)
+    }
+    return sorted(found)

@@ -1,0 +1,44 @@
+"""Public entry point: ``compress_groups_with_ratio``."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops.compress_groups.base import CompressProblem, check_compress_args
+
+_REGISTRY = REGISTRIES["compress_groups_with_ratio"]
+
+
+@functools.partial(jax.jit, static_argnames=("problem", "implementation"))
+def _run(*arrays, problem: CompressProblem, implementation: str):
+    return _REGISTRY.run(implementation)(problem, *arrays)
+
+
+def compress_groups_with_ratio(
+    raw_keys, raw_positions, compressor_state_cache, compressor_state_block_table,
+    token_to_req, query_start_loc, logical_positions, compressed_slots,
+    compress_ratio: int, rope_cache=None, *, implementation: str | None = None,
+):
+    """Mean-pool each row's group of ``compress_ratio`` indexer keys.
+
+    The group of row r ends at position e = logical_positions[r]; members
+    older than this step's chunk come from the request's ring
+    ``compressor_state_cache[block, pos % S, 0]`` (block = column 0 of its
+    ``compressor_state_block_table`` row), newer ones from ``raw_keys``.
+
+    Returns ``(pooled [R, 1, Dk] in raw_keys' dtype, first_positions [R, 3])``:
+    pooled = bf16(fp32 sum / C); first_positions are the rope positions of the
+    first member (from ``raw_positions`` or ``rope_cache``; without
+    ``rope_cache``, e - C + 1 three times), in ``raw_positions``' dtype. Invalid
+    rows give zeros in both.
+    """
+    problem = check_compress_args(raw_keys, raw_positions, compressor_state_cache,
+                                  compressor_state_block_table, token_to_req, query_start_loc,
+                                  logical_positions, compressed_slots, compress_ratio, rope_cache)
+    name = _REGISTRY.choose(implementation)
+    return _run(raw_keys, raw_positions, compressor_state_cache, compressor_state_block_table,
+                token_to_req, query_start_loc, logical_positions, compressed_slots, rope_cache,
+                problem=problem, implementation=name)

@@ -1,0 +1,60 @@
+"""Public entry point: ``sparse_attention``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+
+from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem, as_kv_layout, check_sparse_attention_args
+
+_REGISTRY = REGISTRIES["sparse_attention"]
+
+
+@functools.partial(jax.jit, static_argnames=("problem", "implementation"))
+def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
+         problem: SparseAttentionProblem, implementation: str):
+    return _REGISTRY.run(implementation)(problem, q, kv_arrays, logical_indices, block_table,
+                                    token_to_req, output_gate)
+
+
+def sparse_attention(
+    q: jax.Array,
+    kv,
+    logical_indices: jax.Array,
+    block_table: jax.Array,
+    token_to_req: jax.Array,
+    output_gate: jax.Array,
+    *,
+    use_prefill_config: bool = False,
+    config: Sequence[int] | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Gated sparse GQA over a paged bf16 K/V cache (QSA ``qsa_sparse_paged_attention``).
+
+    Args:
+      q: [R, H, D] bf16 queries.
+      kv: the fused cache ``[NB, Hk, P, 2D]`` (vLLM's ``kv_cache``; K = first D
+        channels, V = last D) or a pair ``(k_cache, v_cache)`` of ``[NB, P, Hk, D]``.
+      logical_indices: [R, W+1] int32; columns ``< W`` are logical token ids
+        (-1 = padding), column W is the row's valid count.
+      block_table: [NR, BTW] int32 logical page -> physical page, per request.
+      token_to_req: [R] int32 request of each row (out of range -> row outputs 0).
+      output_gate: [R, H, D] bf16; the output is multiplied by sigmoid(gate).
+      use_prefill_config: picks the prefill tiling when R * Hk > 2048.
+      config: explicit ``(block_n, num_warps, num_tiles, num_splits)``
+        overriding ``select_config``.
+      implementation: "triton", "pallas", "xla" or None (first available).
+
+    Returns:
+      [R, H, D] bf16.
+    """
+    problem = check_sparse_attention_args(
+        q, kv, logical_indices, block_table, token_to_req, output_gate,
+        use_prefill_config=use_prefill_config, config=config)
+    name = _REGISTRY.choose(implementation)
+    _, kv_arrays = as_kv_layout(kv)
+    return _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+                problem=problem, implementation=name)

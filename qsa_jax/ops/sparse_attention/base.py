@@ -1,0 +1,261 @@
+"""Sparse paged attention: argument checking and cache addressing.
+
+Shared by every implementation (xla / pallas / triton): the checks run on
+static shapes and dtypes before anything is traced or launched, and the cache
+addressing below is the one place that knows the two KV layouts.
+
+KV layouts accepted (``kv`` argument):
+
+* fused (vLLM's own buffer): one array ``[NB, Hk, P, 2D]``; K is channels
+  ``[0, D)`` and V channels ``[D, 2D)``. vLLM's K/V tensors are strided views of
+  it that DLPack cannot import, so the fused buffer is passed whole and each
+  implementation addresses the two halves itself.
+* split: a pair ``(k_cache, v_cache)``, each ``[NB, P, Hk, D]``.
+
+Either way the cache is viewed, without a copy, as a 2-D table of D-wide rows:
+``rows_view[row, half, :]`` with ``row = kv_row_index(page, token, head)``
+and ``half`` 0 for K, 1 for V (fused) — see ``KVLayout``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from qsa_jax.config import SparseAttentionConfig, select_config
+
+# Scores start here and invalid entries get this score: a finite "minus
+# infinity" keeps exp2(max_old - max_new) finite when a tile has no valid
+# entry (an all -inf tile would give inf - inf = NaN).
+MASKED_SCORE = -1.0e20
+LOG2_E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class KVLayout:
+    """Geometry of a paged K/V cache in either layout (static, hashable).
+
+    The arrays travel separately (``kv_arrays``: ``(kv_cache,)`` when fused,
+    ``(k_cache, v_cache)`` when split) so that this can be a jit static argument.
+    """
+
+    fused: bool
+    num_pages: int
+    page_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_pages * self.page_size * self.num_kv_heads
+
+    def rows_view(self, kv_arrays) -> tuple[jax.Array, jax.Array]:
+        """K and V as ``[N, halves, D]`` arrays of D-wide cache rows.
+
+        K is ``k3[:, k_half]`` and V ``v3[:, v_half]`` (see ``halves``). Reshapes
+        of a contiguous array are free in XLA: no cache-sized copy is made.
+        """
+        n, d = self.num_rows, self.head_dim
+        if self.fused:
+            flat = kv_arrays[0].reshape(n, 2, d)
+            return flat, flat
+        return kv_arrays[0].reshape(n, 1, d), kv_arrays[1].reshape(n, 1, d)
+
+    @property
+    def halves(self) -> tuple[int, int]:
+        """Index of K and V in the middle axis of ``rows_view``."""
+        return (0, 1) if self.fused else (0, 0)
+
+    def row_index(self, page, token, head):
+        """Row of ``rows_view`` holding (page, token-in-page, KV head).
+
+        int32 is safe: a cache of 2**31 rows of >= 32 bytes would exceed any
+        GPU's memory, and ``validate_kv`` rejects larger geometries.
+        """
+        if self.fused:  # [NB, Hk, P, 2D]
+            return (page * self.num_kv_heads + head) * self.page_size + token
+        return (page * self.page_size + token) * self.num_kv_heads + head  # [NB, P, Hk, D]
+
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(int(s) for s in np.shape(x))
+
+
+def as_kv_layout(kv) -> tuple[KVLayout, tuple[Any, ...]]:
+    """Check a ``kv`` argument (fused array or (k, v) pair): (layout, arrays)."""
+    if isinstance(kv, (tuple, list)):
+        if len(kv) != 2:
+            raise ValueError(f"kv must be the fused kv_cache or a (k_cache, v_cache) pair; got {len(kv)} arrays")
+        k, v = kv
+        if len(_shape(k)) != 4:
+            raise ValueError(f"k_cache must be [pages, page_size, kv_heads, head_dim]; got shape {_shape(k)}")
+        if _shape(v) != _shape(k):
+            raise ValueError(f"v_cache shape {_shape(v)} must equal k_cache shape {_shape(k)}")
+        if k.dtype != v.dtype:
+            raise TypeError(f"k_cache and v_cache dtypes differ: {k.dtype} vs {v.dtype}")
+        nb, p, hk, d = _shape(k)
+        cache, arrays = KVLayout(False, nb, p, hk, d), (k, v)
+    else:
+        shape = _shape(kv)
+        if len(shape) != 4 or shape[3] % 2:
+            raise ValueError(
+                f"kv_cache must be [pages, kv_heads, page_size, 2*head_dim]; got shape {shape}")
+        nb, hk, p, d2 = shape
+        cache, arrays = KVLayout(True, nb, p, hk, d2 // 2), (kv,)
+    if not (cache.num_pages and cache.page_size and cache.num_kv_heads):
+        raise ValueError(
+            "kv cache must be nonempty: got pages={}, page_size={}, kv_heads={}".format(
+                cache.num_pages, cache.page_size, cache.num_kv_heads))
+    if cache.num_rows >= 2**31:
+        raise ValueError("kv cache has 2**31 or more rows; row indices would overflow int32")
+    if arrays[0].dtype != jnp.bfloat16:
+        raise TypeError(f"kv cache must be bfloat16; got {arrays[0].dtype}")
+    return cache, arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseAttentionProblem:
+    """Static description of one call (everything a kernel is specialised on)."""
+
+    num_rows: int
+    num_query_heads: int
+    head_dim: int
+    selection_width: int  # W: columns of logical_indices minus the count column
+    num_requests: int  # NR: rows of block_table
+    table_width: int  # BTW
+    kv: KVLayout
+    config: SparseAttentionConfig
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv.num_kv_heads
+
+    @property
+    def group_size(self) -> int:
+        return self.num_query_heads // self.kv.num_kv_heads
+
+
+def check_sparse_attention_args(
+    q, kv, logical_indices, block_table, token_to_req, output_gate,
+    *, use_prefill_config: bool, config: Sequence[int] | None,
+) -> SparseAttentionProblem:
+    """Validate all arguments (shapes and dtypes only: works on tracers).
+
+    Covers every check of the originals and a few more (gate shape, config
+    sanity). Raises ``ValueError`` for shapes and ``TypeError`` for dtypes, with
+    the offending argument named.
+    """
+    cache, _ = as_kv_layout(kv)
+    qs = _shape(q)
+    if len(qs) != 3:
+        raise ValueError(f"q must be [rows, query_heads, head_dim]; got shape {qs}")
+    rows, heads, d = qs
+    if d != cache.head_dim:
+        raise ValueError(f"q head_dim {d} does not match the kv cache head_dim {cache.head_dim}")
+    if heads == 0 or heads % cache.num_kv_heads:
+        raise ValueError(
+            f"q has {heads} query heads, not a positive multiple of the cache's {cache.num_kv_heads} KV heads")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16; got {d}")
+    li = _shape(logical_indices)
+    if len(li) != 2 or li[0] != rows:
+        raise ValueError(f"logical_indices must be [rows={rows}, W+1]; got shape {li}")
+    if li[1] < 2:
+        raise ValueError(
+            f"logical_indices needs selection columns plus the trailing count column; got {li[1]} columns")
+    bt = _shape(block_table)
+    if len(bt) != 2 or not all(bt):
+        raise ValueError(f"block_table must be a nonempty [requests, pages_per_request] array; got shape {bt}")
+    if _shape(token_to_req) != (rows,):
+        raise ValueError(f"token_to_req must be [rows={rows}]; got shape {_shape(token_to_req)}")
+    gs = _shape(output_gate)
+    if gs != qs and not (int(np.prod(gs)) == rows * heads * d and gs[:1] == (rows,)):
+        raise ValueError(f"output_gate must have q's shape {qs} (or [rows, heads*head_dim]); got {gs}")
+
+    if q.dtype != jnp.bfloat16:
+        raise TypeError(f"q must be bfloat16; got {q.dtype}")
+    if output_gate.dtype != jnp.bfloat16:
+        raise TypeError(f"output_gate must be bfloat16; got {output_gate.dtype}")
+    for name, arr in (("logical_indices", logical_indices), ("block_table", block_table),
+                      ("token_to_req", token_to_req)):
+        if arr.dtype != jnp.int32:
+            raise TypeError(f"{name} must be int32; got {arr.dtype}")
+
+    width = li[1] - 1
+    if config is None:
+        cfg = select_config(rows, cache.num_kv_heads, bool(use_prefill_config), width)
+    else:
+        cfg = SparseAttentionConfig(*config)
+        if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
+            raise ValueError(f"config.block_n must be a power of two >= 16; got {cfg.block_n}")
+        if not 1 <= cfg.num_tiles:
+            raise ValueError(f"config.num_tiles must be >= 1; got {cfg.num_tiles}")
+        if not 1 <= cfg.num_splits <= cfg.num_tiles:
+            raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
+    return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg)
+
+
+def entry_rows(problem: SparseAttentionProblem, tokens, block_table, token_to_req):
+    """Cache row (per KV head 0) and validity of each selected token.
+
+    ``tokens`` is any int32 array of logical token ids of shape [R, ...]. An
+    entry is valid iff its request is in range, the token is >= 0, its logical
+    page is inside the block table and the physical page is in [0, NB). Invalid
+    entries get row 0 of head 0 — a safe address — and must be masked by the
+    caller with ``jnp.where`` (never by multiplying: the page may hold NaN).
+    Returns (row_of_head0, valid); add ``head`` via ``KVLayout.row_index``
+    linearity: row(page, tok, h) = row(page, tok, 0) + h * head_stride.
+    """
+    kv = problem.kv
+    extra = (1,) * (tokens.ndim - 1)
+    req = token_to_req.reshape((-1,) + extra)
+    req_ok = (req >= 0) & (req < problem.num_requests)
+    safe_req = jnp.clip(req, 0, problem.num_requests - 1)
+    safe_tok = jnp.maximum(tokens, 0)
+    logical_page = safe_tok // kv.page_size
+    valid = req_ok & (tokens >= 0) & (logical_page < problem.table_width)
+    page = block_table[safe_req, jnp.minimum(logical_page, problem.table_width - 1)]
+    valid &= (page >= 0) & (page < kv.num_pages)
+    page = jnp.where(valid, page, 0)
+    row = kv.row_index(page, jnp.where(valid, safe_tok % kv.page_size, 0), 0)
+    return row, valid
+
+
+def head_row_stride(kv: KVLayout) -> int:
+    """Row distance between consecutive KV heads of one (page, token)."""
+    return kv.page_size if kv.fused else 1
+
+
+def gate_epilogue(attention_fp32, output_gate):
+    """Round the attention output to bf16, multiply by sigmoid(gate) in fp32, store bf16."""
+    rounded = attention_fp32.astype(jnp.bfloat16).astype(jnp.float32)
+    gate = jax.nn.sigmoid(output_gate.astype(jnp.float32))
+    return (rounded * gate).astype(jnp.bfloat16)
+
+
+def merge_splits(partial_out, partial_lse):
+    """Merge split-K partials: [S, ...rows, D] normalised outputs and [S, ...rows] base-2 LSEs.
+
+    Weights are exp2(lse - max lse); splits with no valid entry have
+    lse = -inf and weight 0; a row with no valid entry anywhere gives 0.
+    """
+    lse_max = jnp.max(partial_lse, axis=0)
+    has_values = lse_max > -jnp.inf
+    weights = jnp.where(has_values, jnp.exp2(partial_lse - jnp.where(has_values, lse_max, 0.0)), 0.0)
+    denominator = jnp.sum(weights, axis=0)
+    merged = jnp.sum(partial_out * weights[..., None], axis=0)
+    return jnp.where((denominator > 0)[..., None], merged / jnp.where(denominator > 0, denominator, 1.0)[..., None], 0.0)
+
+
+def finish_split(acc, normalizer, running_max):
+    """Normalised partial output and base-2 LSE of one split (0 / -inf when empty)."""
+    has_values = normalizer > 0
+    safe = jnp.maximum(normalizer, 1.0e-20)
+    out = jnp.where(has_values[..., None], acc / safe[..., None], 0.0)
+    lse = jnp.where(has_values, running_max + jnp.log2(safe), -jnp.inf)
+    return out, lse

@@ -1,0 +1,100 @@
+"""Plain-XLA implementation of sparse paged attention (the reference).
+
+It follows the kernels' arithmetic step by step — the same tiles, the same
+round-robin deal of tiles to splits, the same running maximum and bf16
+rounding of the probabilities — so that it agrees with the originals to fp32
+rounding, not just to bf16 tolerance. Vectorised over rows, KV heads and
+splits; a ``lax.scan`` walks the tiles of each split in order.
+
+Memory: one step gathers ``rows x splits x block_n x kv_heads x D`` keys and
+values, never the whole selection.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from qsa_jax.ops.sparse_attention.base import (
+    LOG2_E, MASKED_SCORE, SparseAttentionProblem, entry_rows, finish_split,
+    gate_epilogue, head_row_stride, merge_splits)
+
+
+def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
+                         block_table, token_to_req, output_gate):
+    p = problem
+    cfg = p.config
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
+    hk, g, w = p.num_kv_heads, p.group_size, p.selection_width
+    bn, splits, num_tiles = cfg.block_n, cfg.num_splits, cfg.num_tiles
+    if rows == 0:
+        return jnp.zeros((0, heads, d), jnp.bfloat16)
+    kv = p.kv
+
+    # Tiles a row consumes: ceil(min(count, W) / block_n), capped at num_tiles;
+    # a count <= 0 consumes none (floor division keeps negatives <= 0).
+    count = jnp.minimum(logical_indices[:, w], w)
+    tile_end = jnp.clip((count + bn - 1) // bn, 0, num_tiles)
+
+    # Lay the columns out as [rows, step, split, block_n]: split s handles tiles
+    # s, s + S, s + 2S, ... so step i of split s is tile s + i*S.
+    steps = -(-num_tiles // splits)
+    padded = steps * splits * bn
+    tokens = logical_indices[:, :w]
+    if padded > w:
+        tokens = jnp.pad(tokens, ((0, 0), (0, padded - w)), constant_values=-1)
+    else:
+        tokens = tokens[:, :padded]
+    tokens = tokens.reshape(rows, steps, splits, bn)
+    tile_id = (jnp.arange(steps)[:, None] * splits + jnp.arange(splits)[None, :])  # [steps, S]
+    row0, valid = entry_rows(p, tokens, block_table, token_to_req)
+    valid &= (tile_id[None, :, :, None] < tile_end[:, None, None, None])
+
+    k_rows, v_rows = kv.rows_view(kv_arrays)
+    k_half, v_half = kv.halves
+    head_offsets = jnp.arange(hk, dtype=jnp.int32) * head_row_stride(kv)
+    qg = q.reshape(rows, hk, g, d)
+    scale = (d ** -0.5) * LOG2_E
+
+    def step(carry, xs):
+        acc, norm, run_max = carry  # [R,S,Hk,G,D], [R,S,Hk,G], [R,S,Hk,G]
+        row_s, valid_s = xs  # [R,S,BN]
+        r = row_s[..., None] + head_offsets  # [R,S,BN,Hk]
+        keys = k_rows[r, k_half]  # [R,S,BN,Hk,D]
+        values = v_rows[r, v_half]
+        vmask = valid_s[..., None, None]
+        # Zero with where, not a multiply: unreferenced pages may hold NaN.
+        keys = jnp.where(vmask, keys, 0)
+        values = jnp.where(vmask, values, 0)
+        scores = jnp.einsum("rkgd,rsnkd->rskgn", qg, keys,
+                            preferred_element_type=jnp.float32) * scale
+        smask = valid_s[:, :, None, None, :]
+        scores = jnp.where(smask, scores, MASKED_SCORE)
+        new_max = jnp.maximum(run_max, scores.max(axis=-1))
+        alpha = jnp.exp2(run_max - new_max)
+        probs = jnp.where(smask, jnp.exp2(scores - new_max[..., None]), 0.0)
+        # P.V uses bf16 probabilities; the normaliser sums the unrounded ones.
+        pv = jnp.einsum("rskgn,rsnkd->rskgd", probs.astype(jnp.bfloat16), values,
+                        preferred_element_type=jnp.float32)
+        acc = acc * alpha[..., None] + pv
+        norm = norm * alpha + probs.sum(axis=-1)
+        return (acc, norm, new_max), None
+
+    init = (jnp.zeros((rows, splits, hk, g, d), jnp.float32),
+            jnp.zeros((rows, splits, hk, g), jnp.float32),
+            jnp.full((rows, splits, hk, g), MASKED_SCORE, jnp.float32))
+    xs = (jnp.moveaxis(row0, 1, 0), jnp.moveaxis(valid, 1, 0))
+    (acc, norm, run_max), _ = lax.scan(step, init, xs)
+
+    out, lse = finish_split(acc, norm, run_max)  # [R,S,Hk,G,D], [R,S,Hk,G]
+    if splits == 1:
+        attention = out[:, 0]
+    else:
+        attention = merge_splits(jnp.moveaxis(out, 1, 0), jnp.moveaxis(lse, 1, 0))
+    attention = attention.reshape(rows, heads, d)
+    return gate_epilogue(attention, output_gate.reshape(rows, heads, d))
+
+
+def why_not() -> str | None:
+    return None  # plain XLA runs on every backend

@@ -1,0 +1,40 @@
+"""Public entry point: ``store_cache_rows``."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops.store_cache_rows.base import StoreProblem, check_store_args
+
+_REGISTRY = REGISTRIES["store_cache_rows"]
+
+
+@functools.partial(jax.jit, static_argnames=("problem", "implementation"), donate_argnums=(0,))
+def _run_donated(cache, slot_mapping, rows, *, problem: StoreProblem, implementation: str):
+    return _REGISTRY.run(implementation)(problem, cache, slot_mapping, rows)
+
+
+@functools.partial(jax.jit, static_argnames=("problem", "implementation"))
+def _run(cache, slot_mapping, rows, *, problem: StoreProblem, implementation: str):
+    return _REGISTRY.run(implementation)(problem, cache, slot_mapping, rows)
+
+
+def store_cache_rows(cache, slot_mapping, rows, *, donate: bool = False,
+                     implementation: str | None = None):
+    """Write ``rows[i]`` to slot ``slot_mapping[i]`` of a paged cache; return the new cache.
+
+    ``cache`` is [pages, P, 1, width]; slot s is ``cache[s // P, s % P, 0]``.
+    Slots outside [0, pages * P) are skipped; every slot not written stays
+    bit-identical. Rows are converted to the cache's dtype. With
+    ``donate=True`` the cache buffer is donated and updated in place (the
+    input array must not be used afterwards); inside your own ``jax.jit``,
+    donate the cache there instead. If two rows target the same slot, which
+    one lands is unspecified (as in the originals).
+    """
+    problem = check_store_args(cache, slot_mapping, rows)
+    name = _REGISTRY.choose(implementation)
+    run = _run_donated if donate else _run
+    return run(cache, slot_mapping, rows, problem=problem, implementation=name)

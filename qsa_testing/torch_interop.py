@@ -1,0 +1,40 @@
+"""Moving test data between NumPy, torch (the originals) and JAX."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qsa_testing import cases as C
+
+
+def to_torch(x: np.ndarray, device="cuda"):
+    import torch
+
+    if x.dtype == C.BF16:
+        src = torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
+    else:
+        src = torch.from_numpy(np.ascontiguousarray(x))
+    # A fresh tensor has canonical strides even when empty (the originals
+    # assert unit inner strides, which a 0-row NumPy view need not have).
+    return torch.empty(src.shape, dtype=src.dtype, device=device).copy_(src)
+
+
+def to_numpy(t) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(C.BF16)
+    return t.numpy()
+
+
+def torch_to_jax(t):
+    """Zero-copy import of a compact CUDA tensor into JAX."""
+    import jax
+
+    return jax.dlpack.from_dlpack(t)
+
+
+def kv_views(kv_cache, head_dim: int):
+    """vLLM's K/V: strided views of the fused [NB, Hk, P, 2D] buffer."""
+    return kv_cache.transpose(1, 2).split(head_dim, dim=-1)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's Python 3.12 virtualenv in .venv and install
+# the project with the extras named in $1 (comma-separated, e.g. "test" or
+# "torch,bench"). Sourced by demo.sh and test.sh; prints the venv's python.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${QSA_VENV:-$root/.venv}
+extras=${1:-}
+
+find_python312() {
+  # jax 0.11 ships no wheels for Python < 3.12. A pyenv shim may exist
+  # without a selected version, so actually run each candidate.
+  local c
+  for c in "${QSA_PYTHON:-}" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
+           /usr/local/bin/python3.12 /usr/bin/python3.12; do
+    [ -n "$c" ] || continue
+    if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+      command -v "$c" || echo "$c"; return 0
+    fi
+  done
+  return 1
+}
+
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+  py=$(find_python312) || { echo "error: no Python 3.12 interpreter found (set QSA_PYTHON)" >&2; exit 1; }
+  echo "creating $venv with $py" >&2
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip >&2
+fi
+
+spec="$root"
+[ -n "$extras" ] && spec="$root[$extras]"
+# Re-install only when pyproject.toml changed since the last install with these extras.
+stamp="$venv/.installed-$(echo "$extras" | tr ',' '_')"
+if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+  echo "installing qsa-jax[$extras] into $venv" >&2
+  "$venv/bin/python" -m pip install -q -e "$spec" >&2
+  touch "$stamp"
+fi
+echo "$venv/bin/python"
