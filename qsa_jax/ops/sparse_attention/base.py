@@ -130,6 +130,9 @@ class SparseAttentionProblem:
     table_width: int  # BTW
     kv: KVLayout
     config: SparseAttentionConfig
+    # True when the caller passed ``config=``; an implementation with a tuned
+    # table of its own must then use ``config`` as given.
+    config_explicit: bool = False
 
     @property
     def num_kv_heads(self) -> int:
@@ -197,7 +200,8 @@ def check_sparse_attention_args(
             raise ValueError(f"config.num_tiles must be >= 1; got {cfg.num_tiles}")
         if not 1 <= cfg.num_splits <= cfg.num_tiles:
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
-    return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg)
+    return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
+                                  config_explicit=config is not None)
 
 
 def entry_rows(problem: SparseAttentionProblem, tokens, block_table, token_to_req):
