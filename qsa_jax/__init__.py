@@ -6,6 +6,7 @@ Public API:
 - ``compress_groups_with_ratio``: mean-pool groups of indexer keys (ring + raw rows).
 - ``store_cache_rows``: scatter rows into a paged cache (in place when donated).
 - ``select_config`` / ``SparseAttentionConfig``: the static tiling table.
+- ``warmup`` / ``enable_persistent_cache``: compile ahead of serving, keep it on disk.
 
 Each operator takes ``implementation=`` ("triton", "pallas", "xla" or None).
 """
@@ -15,13 +16,16 @@ from qsa_jax._implementations import available_implementations
 from qsa_jax.config import SparseAttentionConfig, reachable_configs, select_config
 from qsa_jax.ops.sparse_attention import sparse_attention
 from qsa_jax.ops.store_cache_rows import store_cache_rows
+from qsa_jax.warmup import enable_persistent_cache, warmup
 
 __all__ = [
     "SparseAttentionConfig",
     "available_implementations",
     "compress_groups_with_ratio",
+    "enable_persistent_cache",
     "reachable_configs",
     "select_config",
     "sparse_attention",
     "store_cache_rows",
+    "warmup",
 ]

@@ -1,0 +1,93 @@
+"""Compile ahead of serving, and keep compiled code across processes.
+
+JAX specialises a jitted function on every static shape, so unlike the
+originals (whose Triton kernels take the row count at run time) each distinct
+row count is its own executable. ``warmup`` therefore compiles, for a
+deployment's cache and block table, every row count the server will use (by
+default: every power of two up to 8192 and the smallest row count of every
+config the table can pick) with both ``use_prefill_config`` values, by
+running each once on empty selections (count 0: the kernels do no reads).
+With ``enable_persistent_cache`` the executables also land in JAX's on-disk
+compilation cache, so a second process starts warm.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+
+from qsa_jax.config import select_config
+from qsa_jax.ops.sparse_attention.api import sparse_attention
+from qsa_jax.ops.sparse_attention.base import as_kv_layout
+
+DEFAULT_CACHE_DIR = pathlib.Path(os.environ.get("QSA_JAX_CACHE_DIR", "~/.cache/qsa_jax/xla")).expanduser()
+
+
+def enable_persistent_cache(path: str | os.PathLike | None = None) -> pathlib.Path:
+    """Turn on JAX's persistent compilation cache (every executable, however fast to build)."""
+    path = pathlib.Path(path or DEFAULT_CACHE_DIR)
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def default_row_counts(num_kv_heads: int, selection_width: int, max_rows: int = 8192) -> list[int]:
+    """Powers of two up to ``max_rows`` plus the first row count of every config."""
+    rows = {2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows}
+    seen = {}
+    for r in range(1, max_rows + 1):
+        for flag in (False, True):
+            seen.setdefault(select_config(r, num_kv_heads, flag, selection_width), r)
+    return sorted(rows | set(seen.values()))
+
+
+def warmup(
+    kv,
+    block_table,
+    *,
+    num_query_heads: int,
+    selection_width: int,
+    row_counts: Iterable[int] | None = None,
+    implementation: str | None = None,
+    persistent_cache: bool | str | os.PathLike = True,
+) -> tuple[tuple[int, int, int], ...]:
+    """Compile sparse attention for a deployment; return the warmed profiles.
+
+    Args:
+      kv: the deployment's cache (fused ``[NB, Hk, P, 2D]`` or a (k, v) pair).
+      block_table: its block table (only the shape and dtype matter).
+      num_query_heads, selection_width: H and W of the deployment.
+      row_counts: row counts to compile (default ``default_row_counts``).
+      implementation: as for ``sparse_attention``.
+      persistent_cache: True (default folder), a folder, or False.
+
+    Returns:
+      Sorted distinct ``(block_n, num_splits, num_warps)`` profiles, as the
+      originals' warmup reports them.
+    """
+    if persistent_cache:
+        enable_persistent_cache(None if persistent_cache is True else persistent_cache)
+    layout, _ = as_kv_layout(kv)
+    hk, d = layout.num_kv_heads, layout.head_dim
+    rows_list = sorted(set(row_counts)) if row_counts is not None else default_row_counts(hk, selection_width)
+    table = jnp.asarray(block_table)
+    profiles = set()
+    for rows in rows_list:
+        q = jnp.zeros((rows, num_query_heads, d), jnp.bfloat16)
+        # All -1 with count 0: a real launch of every kernel that reads nothing.
+        indices = jnp.full((rows, selection_width + 1), -1, jnp.int32).at[:, -1].set(0)
+        req = jnp.zeros((rows,), jnp.int32)
+        for flag in (False, True):
+            cfg = select_config(rows, hk, flag, selection_width)
+            if flag and rows * hk <= 2048:
+                continue  # same config as flag=False: already compiled
+            sparse_attention(q, kv, indices, table, req, q, use_prefill_config=flag,
+                             implementation=implementation).block_until_ready()
+            profiles.add((cfg.block_n, cfg.num_splits, cfg.num_warps))
+    return tuple(sorted(profiles))

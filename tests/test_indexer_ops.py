@@ -1,0 +1,98 @@
+"""compress_groups_with_ratio and store_cache_rows (XLA) vs the oracle; in-place stores."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import qsa_jax
+from qsa_testing import cases as C
+from qsa_testing import oracle
+
+FIELDS = ("raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
+          "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")
+
+
+def _compress(case, impl="xla"):
+    a = [getattr(case, f) for f in FIELDS]
+    a[1] = a[1].astype(np.int32)  # JAX without x64
+    rope = None if case.rope_cache is None else case.rope_cache.astype(np.int32)
+    return qsa_jax.compress_groups_with_ratio(*a, case.compress_ratio, rope, implementation=impl)
+
+
+@pytest.mark.parametrize("ring,ratio", [(4, 4), (8, 4), (5, 3), (2, 1)])
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_compress_matches_oracle(ring, ratio, rope, seed):
+    rng = np.random.default_rng(seed * 100 + ring)
+    lens = list(rng.integers(0, 12, 5))
+    case = C.compress_case(rng, chunk_lens=lens, head_dim=64, ring=ring, ratio=ratio,
+                           with_rope=rope, edge=seed > 0)
+    pooled, first = _compress(case)
+    ref_pooled, ref_first = oracle.compress_groups_oracle(
+        *[getattr(case, f) for f in FIELDS], case.compress_ratio, case.rope_cache)
+    np.testing.assert_array_equal(np.asarray(pooled).astype(np.float64), ref_pooled)
+    np.testing.assert_array_equal(np.asarray(first).astype(np.int64), ref_first)
+
+
+def test_compress_positions_near_int32_max_are_exact():
+    rng = np.random.default_rng(1)
+    case = C.compress_case(rng, chunk_lens=[3, 5], position_base=2**31 - 60, with_rope=False)
+    _, first = _compress(case)
+    _, ref_first = oracle.compress_groups_oracle(*[getattr(case, f) for f in FIELDS], case.compress_ratio)
+    assert ref_first.max() > 2**31 - 70
+    np.testing.assert_array_equal(np.asarray(first).astype(np.int64), ref_first)
+
+
+def test_compress_rejects_bad_arguments():
+    rng = np.random.default_rng(0)
+    case = C.compress_case(rng, chunk_lens=[2, 3])
+    a = [getattr(case, f) for f in FIELDS]
+    with pytest.raises(ValueError, match="compress_ratio"):
+        qsa_jax.compress_groups_with_ratio(*a, 0)
+    with pytest.raises(ValueError, match="raw_keys"):
+        qsa_jax.compress_groups_with_ratio(a[0][:, 0], *a[1:], 4)
+    with pytest.raises(ValueError, match="ring size"):
+        qsa_jax.compress_groups_with_ratio(*a, 5)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        qsa_jax.compress_groups_with_ratio(*a[:5], a[5][:1], *a[6:], 4)
+    with pytest.raises(ValueError, match="rope_cache"):
+        qsa_jax.compress_groups_with_ratio(*a, 4, np.zeros((1, 1, 1, 3), np.int32))
+    with pytest.raises(TypeError, match="compressor_state_cache dtype"):
+        qsa_jax.compress_groups_with_ratio(a[0], a[1], a[2].astype(np.float32), *a[3:], 4)
+
+
+@pytest.mark.parametrize("rows_dtype", [C.BF16, np.float32])
+@pytest.mark.parametrize("three_d", [False, True])
+def test_store_matches_oracle(rows_dtype, three_d):
+    rng = np.random.default_rng(2)
+    case = C.store_case(rng, n=50, pages=5, page_size=16, rows_dtype=rows_dtype, three_d=three_d)
+    got = qsa_jax.store_cache_rows(case.cache, case.slot_mapping, case.rows)
+    ref = oracle.store_cache_rows_oracle(case.cache, case.slot_mapping, case.rows)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), ref.view(np.uint16))
+
+
+def test_store_donated_updates_in_place():
+    rng = np.random.default_rng(4)
+    case = C.store_case(rng, n=30, pages=4, page_size=16)
+    cache = jax.device_put(case.cache)
+    before = cache.unsafe_buffer_pointer()
+    new = qsa_jax.store_cache_rows(cache, case.slot_mapping, case.rows, donate=True)
+    assert new.unsafe_buffer_pointer() == before, "donated cache was not updated in place"
+    assert cache.is_deleted()
+    ref = oracle.store_cache_rows_oracle(case.cache, case.slot_mapping, case.rows)
+    np.testing.assert_array_equal(np.asarray(new).view(np.uint16), ref.view(np.uint16))
+
+
+def test_store_rejects_bad_arguments():
+    cache = jnp.zeros((2, 4, 1, 8), jnp.bfloat16)
+    with pytest.raises(ValueError, match="cache must be"):
+        qsa_jax.store_cache_rows(cache[:, :, 0], np.zeros(1, np.int32), np.zeros((1, 8)))
+    with pytest.raises(ValueError, match="nonzero"):
+        qsa_jax.store_cache_rows(cache[:0], np.zeros(1, np.int32), np.zeros((1, 8)))
+    with pytest.raises(ValueError, match="rows must be"):
+        qsa_jax.store_cache_rows(cache, np.zeros(2, np.int32), np.zeros((1, 8)))
+    with pytest.raises(ValueError, match="one head"):
+        qsa_jax.store_cache_rows(cache, np.zeros(1, np.int32), np.zeros((1, 2, 8)))
