@@ -8,6 +8,7 @@ NaN in every unreferenced cache row. Bar: DESIGN.md §5.4.
 
 from __future__ import annotations
 
+import chex
 import numpy as np
 import pytest
 
@@ -79,8 +80,8 @@ def test_compress_golden(case, pooled, first, impl):
     got_pooled, got_first = qsa_jax.compress_groups_with_ratio(
         *a.values(), case.compress_ratio, rope, implementation=impl)
     # Pooling is exact: one fp32 sum of C bf16 values, one division, one rounding.
-    np.testing.assert_array_equal(np.asarray(got_pooled).view(np.uint16), pooled.view(np.uint16))
-    np.testing.assert_array_equal(np.asarray(got_first).astype(np.int64), first)
+    chex.assert_trees_all_equal((np.asarray(got_pooled).view(np.uint16), np.asarray(got_first).astype(np.int64)),
+                                (pooled.view(np.uint16), first))
 
 
 @pytest.mark.parametrize("case,pooled,first", COMPRESS, ids=[c.name for c, _, _ in COMPRESS])
@@ -96,4 +97,4 @@ def test_oracle_matches_compress_golden(case, pooled, first):
 def test_store_golden(case, expected, impl):
     got = qsa_jax.store_cache_rows(case.cache, case.slot_mapping, case.rows, implementation=impl)
     # Bit-identical everywhere: written slots and untouched ones.
-    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), expected.view(np.uint16))
+    chex.assert_trees_all_equal(np.asarray(got).view(np.uint16), expected.view(np.uint16))

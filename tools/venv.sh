@@ -26,7 +26,7 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys; assert sy
   echo "creating $venv with $py" >&2
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip >&2
+  "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 fi
 
 spec="$root"
@@ -34,8 +34,11 @@ spec="$root"
 # Re-install only when pyproject.toml changed since the last install with these extras.
 stamp="$venv/.installed-$(echo "$extras" | tr ',' '_')"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
-  echo "installing qsa-jax[$extras] into $venv" >&2
-  "$venv/bin/python" -m pip install -q -e "$spec" >&2
+  echo "installing qsa-jax[$extras] into $venv (log: $venv/install.log)" >&2
+  if ! "$venv/bin/python" -m pip install -q -e "$spec" >"$venv/install.log" 2>&1; then
+    tail -40 "$venv/install.log" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
 echo "$venv/bin/python"

@@ -1,0 +1,96 @@
+"""Out-of-bounds check of every GPU implementation on adversarial metadata.
+
+    XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck \
+        --error-exitcode 3 python3 tools/memcheck.py
+
+``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` makes JAX call cudaMalloc for each
+buffer instead of carving them out of one pool, so a read past the end of the
+cache lands outside any allocation and memcheck reports it. The cache is sized
+exactly (no spare pages) and the metadata points everywhere it must not be
+followed: tokens past the block table, physical pages -1 / NB / huge, request
+ids -1 / NR / huge, counts far above W, negative tokens and counts.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import qsa_jax  # noqa: E402
+from qsa_testing import cases as C  # noqa: E402
+
+
+def adversarial_sparse_case(rng, rows, heads, kv_heads, d, page, width):
+    nb, nr, btw = 5, 3, 4
+    tokens = rng.integers(-(2**31), 2**31 - 1, (rows, width), dtype=np.int64).astype(np.int32)
+    near = rng.integers(-3, btw * page + 3 * page, (rows, width)).astype(np.int32)
+    tokens = np.where(rng.random((rows, width)) < 0.7, near, tokens)
+    counts = rng.choice([-(2**31), -1, 0, 1, width, width + 1, 2**31 - 1], rows).astype(np.int32)
+    table = rng.choice([-(2**31), -1, 0, 1, nb - 1, nb, nb + 1, 2**31 - 1], (nr, btw)).astype(np.int32)
+    req = rng.choice([-(2**31), -1, 0, 1, nr - 1, nr, 2**31 - 1], rows).astype(np.int32)
+    return C.SparseAttentionCase(
+        name="adversarial", q=C.bf16_random(rng, (rows, heads, d)),
+        kv_cache=C.bf16_random(rng, (nb, kv_heads, page, 2 * d)),
+        logical_indices=np.concatenate([tokens, counts[:, None]], 1), block_table=table,
+        token_to_req=req, output_gate=C.bf16_random(rng, (rows, heads, d)))
+
+
+def main() -> int:
+    rng = np.random.default_rng(0)
+    results = []
+    for rows, heads, kv_heads, width in ((1, 24, 2, 2051), (16, 12, 1, 2051), (300, 6, 1, 259),
+                                         (1100, 24, 2, 67)):
+        case = adversarial_sparse_case(rng, rows, heads, kv_heads, 256, 16, width)
+        for impl in qsa_jax.available_implementations("sparse_attention"):
+            if impl == "xla":
+                continue  # XLA's gather clamps indices itself; the kernels are what is checked
+            for layout in ("fused", "split"):
+                kv = case.kv_cache if layout == "fused" else case.split_caches()
+                for flag in (False, True):
+                    out = np.asarray(qsa_jax.sparse_attention(
+                        case.q, kv, case.logical_indices, case.block_table, case.token_to_req,
+                        case.output_gate, use_prefill_config=flag, implementation=impl))
+                    finite = bool(np.isfinite(out.astype(np.float32)).all())
+                    results.append((f"sparse {impl} {layout} rows={rows} W={width} prefill={flag}", finite))
+
+    comp = C.compress_case(rng, chunk_lens=[1, 5, 40, 2, 9], edge=True)
+    comp.compressor_state_block_table[:] = rng.choice([-(2**31), -1, 10**6, 2**31 - 1], (5, 1))
+    comp.token_to_req[:] = rng.choice([-(2**31), -1, 0, 4, 5, 2**31 - 1], comp.token_to_req.size)
+    comp.logical_positions[:] = rng.choice([-(2**31), -1, 0, 3, 2**31 - 1], comp.logical_positions.size)
+    for impl in qsa_jax.available_implementations("compress_groups_with_ratio"):
+        if impl == "xla":
+            continue
+        for rope in (comp.rope_cache.astype(np.int32), None):
+            pooled, first = qsa_jax.compress_groups_with_ratio(
+                comp.raw_keys, comp.raw_positions.astype(np.int32), comp.compressor_state_cache,
+                comp.compressor_state_block_table, comp.token_to_req, comp.query_start_loc,
+                comp.logical_positions, comp.compressed_slots, comp.compress_ratio, rope,
+                implementation=impl)
+            np.asarray(pooled), np.asarray(first)
+            results.append((f"compress {impl} rope={rope is not None}", True))
+
+    store = C.store_case(rng, n=500, pages=3, page_size=16, invalid_fraction=0.9)
+    store.slot_mapping[::7] = 2**31 - 1
+    store.slot_mapping[1::7] = -(2**31)
+    for impl in qsa_jax.available_implementations("store_cache_rows"):
+        if impl == "xla":
+            continue
+        np.asarray(qsa_jax.store_cache_rows(store.cache, store.slot_mapping, store.rows, implementation=impl))
+        results.append((f"store {impl}", True))
+
+    for name, ok in results:
+        print(f"{'ok ' if ok else 'NAN'} {name}")
+    print(f"memcheck driver: {len(results)} launches, "
+          f"{sum(not ok for _, ok in results)} with non-finite output")
+    return 0 if all(ok for _, ok in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
