@@ -80,3 +80,41 @@ def reachable_configs(
         for flag in (False, True)
     }
     return sorted(found)
+
+
+# ---------------------------------------------------------------------------------
+# Hopper (sm_90) adjustments used by the "triton" implementation (appended; see
+# notes/triton.md for the measurements behind them).
+
+
+def tune_config_for_hopper(
+    config: SparseAttentionConfig, num_rows: int, num_kv_heads: int
+) -> SparseAttentionConfig:
+    """The triton implementation's config on an H100/H200, from the originals' ``config``.
+
+    Only knobs that keep the originals' rounding are changed: the tiling
+    (``block_n``) and the tiles each split walks decide which probabilities
+    share a running maximum, and changing them moves results by ~2e-3
+    relative (measured), past the 1e-3 agreement bar. Exception: when a
+    split count leaves only the last tile doubled up (64 splits of 65 tiles),
+    giving that tile its own split changes only the <= 3 tail columns.
+    """
+    programs = num_rows * num_kv_heads
+    splits = config.num_splits
+    if config.num_tiles == splits + 1 and programs <= 24:
+        splits = config.num_tiles
+    return config._replace(num_splits=splits)
+
+
+def pallas_hopper_launch(config: SparseAttentionConfig) -> tuple[int, int]:
+    """(num_warps, num_stages) for the Pallas sparse-attention kernel on Hopper.
+
+    Used only when the caller did not pass ``config=`` (the tiling itself --
+    block_n, num_tiles, num_splits -- is never changed: it fixes the numerics).
+    The Pallas kernel compiles to the originals' instruction mix, except that at
+    one warp its [16, 256] fp32 accumulator plus the pipelined tile spill ~5x
+    more than the original's (ptxas: 780 vs 160 bytes); two warps have no
+    spills (notes/pallas.md). Other configs keep the table's warps.
+    """
+    warps = 2 if config.num_warps == 1 else config.num_warps
+    return warps, 2

@@ -1,0 +1,273 @@
+"""Pallas implementation of sparse paged attention (Triton lowering on GPU).
+
+One program per (row, KV head, split), like the originals: it walks the tiles
+dealt to its split (tiles s, s+S, s+2S, ...), gathers the K/V rows of each tile
+straight out of the cache, and keeps an online base-2 softmax. With one split
+the program applies the sigmoid gate and writes the bf16 output itself; with
+several it writes an fp32 partial + base-2 LSE and a second Pallas kernel
+merges the splits and applies the gate.
+
+Design choices (and why):
+
+* The cache is never copied or transposed. The fused ``[NB, Hk, P, 2D]``
+  buffer is viewed (free reshape) as ``[NB*Hk*P, 2D]`` rows; K is columns
+  ``[0, D)`` and V ``[D, 2D)`` of a row, addressed inside the kernel. The
+  split layout is two ``[NB*P*Hk, D]`` row tables. Every pallas input uses
+  ``no_block_spec``: on GPU the ref is a bare pointer and each load is pointer
+  arithmetic, so nothing is staged.
+* In-kernel arrays must have power-of-two shapes, but the query group G is 12
+  or 6. Rather than masking the q/gate loads and the output store (masked
+  gathers/scatters do not run in interpret mode), the padded query rows
+  ``i >= G`` are *clamped* to head G-1: they load head G-1's query and gate,
+  compute exactly head G-1's result, and store it to head G-1's address.
+  Duplicate stores of identical values are harmless and no mask is needed.
+  The same trick covers selection columns past W and splits past S.
+* Invalid entries: the cache row is clamped to row 0 (always in range) and the
+  loaded K/V are zeroed with ``jnp.where`` -- never by a multiply, because
+  unreferenced pages may hold NaN and NaN * 0 = NaN.
+* K is gathered straight into a [D, BN] tile (the addresses put D on axis 0),
+  so Q.K^T is a plain [M, D] x [D, BN] dot with no transpose op, and the
+  [M, BN] scores feed P.V directly. (DESIGN.md section 7 suggests K.q^T; on
+  sm_90 that variant needs a shared-memory round trip to transpose the
+  probabilities every tile -- see notes/pallas.md.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from qsa_jax.ops.sparse_attention.base import (
+    LOG2_E, MASKED_SCORE, SparseAttentionProblem, head_row_stride)
+
+try:  # Pallas is part of jax, but keep the package importable if it moves.
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+    _IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover
+    pl = plgpu = None
+    _IMPORT_ERROR = exc
+
+# Triton's software pipelining of the tile loop. DESIGN.md section 7: 3 stages
+# were always worse than 2 on Hopper; the originals use 2.
+DEFAULT_NUM_STAGES = 2
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _interpret() -> bool:
+    from qsa_jax._implementations import backend
+
+    return backend() != "gpu"
+
+
+def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int, int]:
+    """(block_n, num_warps, num_tiles, num_splits, num_stages) for this call.
+
+    The tiling always comes from ``problem.config``: it is part of the
+    numerical contract (which tiles share a running maximum). The Triton knobs
+    (warps, stages) come from the Hopper table in ``qsa_jax.config`` unless the
+    caller passed ``config=``, which is then used exactly as given.
+    """
+    cfg = problem.config
+    warps, stages = cfg.num_warps, DEFAULT_NUM_STAGES
+    if not problem.config_explicit:
+        from qsa_jax.config import pallas_hopper_launch
+
+        warps, stages = pallas_hopper_launch(cfg)
+    return cfg.block_n, warps, cfg.num_tiles, cfg.num_splits, stages
+
+
+def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *out_refs,
+                      p: SparseAttentionProblem, block_m: int, one_split: bool,
+                      masked: bool):
+    kv = p.kv
+    cfg = p.config
+    bn, num_splits, num_tiles = cfg.block_n, cfg.num_splits, cfg.num_tiles
+    d, g, heads, w = p.head_dim, p.group_size, p.num_query_heads, p.selection_width
+    k_col = 0
+    v_col = d if kv.fused else 0
+
+    row = pl.program_id(0)
+    head = pl.program_id(1)
+    split = pl.program_id(2)
+
+    # Flat [R*H] indices of this program's query heads; padded ones repeat
+    # head G-1 (see module docstring).
+    group = jnp.minimum(lax.broadcasted_iota(jnp.int32, (block_m,), 0), g - 1)
+    q_rows = row * heads + head * g + group
+    q = q_ref[q_rows, :]  # [M, D] bf16
+
+    request = req_ref[row]
+    request_ok = (request >= 0) & (request < p.num_requests)
+    safe_request = jnp.clip(request, 0, p.num_requests - 1)
+    count = jnp.minimum(idx_ref[row, w], w)
+    # ceil(count / BN) capped at num_tiles; count <= 0 gives <= 0 tiles.
+    tile_end = jnp.minimum(num_tiles, (count + bn - 1) // bn)
+    # Tiles split, split+S, ... < tile_end.
+    num_steps = (jnp.maximum(tile_end - split, 0) + num_splits - 1) // num_splits
+    head_offset = head * head_row_stride(kv)
+    columns = lax.broadcasted_iota(jnp.int32, (bn,), 0)
+    dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
+    scale = (d ** -0.5) * LOG2_E
+
+    def body(step, carry):
+        acc, norm, run_max = carry  # [M, D], [M], [M] fp32
+        tile = split + step * num_splits
+        cols = tile * bn + columns
+        # Columns >= W (last partial tile) read a clamped column, then become -1.
+        tokens = idx_ref[row, jnp.minimum(cols, w - 1)]
+        tokens = jnp.where(cols < w, tokens, -1)
+        safe_tok = jnp.maximum(tokens, 0)
+        # safe_tok >= 0: truncating div/rem are floor div/mod here and much
+        # cheaper in Triton than Python-style floor semantics.
+        logical_page = lax.div(safe_tok, kv.page_size)
+        valid = request_ok & (tokens >= 0) & (logical_page < p.table_width)
+        page = bt_ref[safe_request, jnp.minimum(logical_page, p.table_width - 1)]
+        valid = valid & (page >= 0) & (page < kv.num_pages)
+        # Invalid entries address row 0 (always in range); zeroed below.
+        cache_row = jnp.where(
+            valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
+        # K is gathered already transposed ([D, BN]: the address, not a
+        # transpose op, puts D on axis 0), so Q.K^T needs no data movement,
+        # and the scores come out [M, BN] -- the layout P.V consumes as-is.
+        keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :], masked)
+        values = _load_rows(v_ref, cache_row[:, None], (v_col + dims)[None, :], valid[:, None], masked)
+
+        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * scale  # [M, BN]
+        scores = jnp.where(valid[None, :], scores, MASKED_SCORE)
+        new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
+        alpha = jnp.exp2(run_max - new_max)
+        probs = jnp.where(valid[None, :], jnp.exp2(scores - new_max[:, None]), 0.0)
+        # P.V with bf16 probabilities; the normaliser sums the fp32 ones.
+        pv = jnp.dot(probs.astype(jnp.bfloat16), values, preferred_element_type=jnp.float32)
+        acc = acc * alpha[:, None] + pv
+        norm = norm * alpha + jnp.sum(probs, axis=1)
+        return acc, norm, new_max
+
+    init = (jnp.zeros((block_m, d), jnp.float32), jnp.zeros((block_m,), jnp.float32),
+            jnp.full((block_m,), MASKED_SCORE, jnp.float32))
+    acc, norm, run_max = lax.fori_loop(0, num_steps, body, init)
+
+    has_values = norm > 0
+    safe_norm = jnp.maximum(norm, 1.0e-20)
+    out = jnp.where(has_values[:, None], acc / safe_norm[:, None], 0.0)
+    if one_split:
+        (o_ref,) = out_refs
+        gate = gate_ref[q_rows, :].astype(jnp.float32)
+        o_ref[q_rows, :] = _gated(out, gate)
+    else:
+        part_ref, lse_ref = out_refs
+        lse = jnp.where(has_values, run_max + jnp.log2(safe_norm), -jnp.inf)
+        part_ref[split, q_rows, :] = out
+        lse_ref[split, q_rows] = lse
+
+
+def _load_rows(ref, row_index, col_index, valid, masked: bool):
+    """Gather ``ref[row_index, col_index]`` (broadcast), zero where not ``valid``.
+
+    ``row_index`` is already clamped to a safe row for invalid entries, so the
+    plain gather never leaves the array. On GPU the load is also masked
+    (``other=0``): invalid entries then cost no memory traffic and Triton can
+    pipeline the gather as an async copy straight into shared memory (a select
+    after the load would sit between the load and the dot). The interpreter
+    cannot run masked gathers, so there the zeros come from ``jnp.where`` --
+    never from a multiply, since an unreferenced page may hold NaN.
+    """
+    if masked:
+        return plgpu.load(ref.at[row_index, col_index], mask=valid, other=0.0)
+    values = ref[row_index, col_index]
+    return jnp.where(valid, values, jnp.zeros_like(values))
+
+
+def _gated(attention, gate_fp32):
+    """bf16(bf16(attention) * sigmoid(gate)), written out so Triton sees plain ops."""
+    rounded = attention.astype(jnp.bfloat16).astype(jnp.float32)
+    return (rounded * (1.0 / (1.0 + jnp.exp(-gate_fp32)))).astype(jnp.bfloat16)
+
+
+def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_s: int):
+    # One program per (row * H + head): weights exp2(lse - max lse) over splits.
+    qrow = pl.program_id(0)
+    splits = lax.broadcasted_iota(jnp.int32, (block_s,), 0)
+    in_range = splits < num_splits
+    safe_splits = jnp.minimum(splits, num_splits - 1)
+    lse = jnp.where(in_range, lse_ref[safe_splits, qrow], -jnp.inf)
+    lse_max = jnp.max(lse)
+    has_values = lse_max > -jnp.inf
+    weights = jnp.where(in_range & has_values, jnp.exp2(lse - jnp.where(has_values, lse_max, 0.0)), 0.0)
+    denominator = jnp.sum(weights)
+    partial = part_ref[safe_splits, qrow, :]  # [S_pow2, D] fp32
+    # Out-of-range splits re-read split S-1; zero them with where (weight 0
+    # alone would keep a NaN/inf partial, which cannot occur, but be exact).
+    partial = jnp.where(in_range[:, None], partial, 0.0)
+    merged = jnp.sum(partial * weights[:, None], axis=0)
+    merged = jnp.where(denominator > 0, merged / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+    gate = gate_ref[qrow, :].astype(jnp.float32)
+    o_ref[qrow, :] = _gated(merged, gate)
+
+
+def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
+        token_to_req, output_gate):
+    p = problem
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
+    if rows == 0:
+        return jnp.zeros((0, heads, d), jnp.bfloat16)
+    kv = p.kv
+    bn, warps, _, num_splits, stages = _launch_params(p)
+    block_m = max(16, _next_pow2(p.group_size))  # tl.dot needs >= 16 rows
+    interpret = _interpret()
+
+    # Free reshapes only (contiguous arrays): no copy of the cache or q.
+    if kv.fused:
+        k_rows = v_rows = kv_arrays[0].reshape(kv.num_rows, 2 * d)
+    else:
+        k_rows = kv_arrays[0].reshape(kv.num_rows, d)
+        v_rows = kv_arrays[1].reshape(kv.num_rows, d)
+    q2 = q.reshape(rows * heads, d)
+    gate2 = output_gate.reshape(rows * heads, d)
+
+    one_split = num_splits == 1
+    if one_split:
+        out_shape = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
+    else:
+        out_shape = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
+                     jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
+    kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
+                               masked=not interpret)
+    result = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=(rows, p.num_kv_heads, num_splits),
+        in_specs=[pl.no_block_spec] * 7,
+        out_specs=pl.no_block_spec if one_split else (pl.no_block_spec, pl.no_block_spec),
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
+        interpret=interpret,
+        name="qsa_sparse_attention",
+    )(q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
+    if one_split:
+        return result.reshape(rows, heads, d)
+
+    partial, lse = result
+    merged = pl.pallas_call(
+        functools.partial(_merge_kernel, num_splits=num_splits, block_s=_next_pow2(num_splits)),
+        out_shape=jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16),
+        grid=(rows * heads,),
+        in_specs=[pl.no_block_spec] * 3,
+        out_specs=pl.no_block_spec,
+        compiler_params=plgpu.CompilerParams(num_warps=2, num_stages=1),
+        interpret=interpret,
+        name="qsa_merge_splits",
+    )(partial, lse, gate2)
+    return merged.reshape(rows, heads, d)
+
+
+def why_not() -> str | None:
+    if _IMPORT_ERROR is not None:
+        return f"jax.experimental.pallas is not importable ({_IMPORT_ERROR})"
+    return None  # Triton lowering on GPU, the interpreter elsewhere
