@@ -1,0 +1,213 @@
+"""Moving torch tensors into JAX and results back, without copying large data.
+
+Facts this relies on (jax 0.11.2, torch 2.11; DESIGN.md §4):
+
+* ``jax.dlpack.from_dlpack`` calls ``tensor.__dlpack__(stream=<JAX's stream>)``;
+  torch then records an event on its *current* stream and makes JAX's stream
+  wait on it. So JAX's reads are ordered after everything torch queued on the
+  current stream before the import, with no host sync.
+* ``torch.from_dlpack(jax_array)`` passes torch's current stream to JAX, which
+  makes that stream wait for the array's producer. Every result therefore goes
+  back through ``torch.from_dlpack`` (also when the caller's own ``out`` tensor
+  was written in place: the returned alias is the handshake).
+* JAX imports compact tensors only. vLLM's K and V are strided views of one
+  fused ``[NB, Hk, P, 2D]`` buffer: the shim recognises that exact pattern and
+  imports the fused buffer whole (``fused_kv_base``).
+* With x64 off, an int64 import is silently narrowed to int32. The shim never
+  lets that happen: int64 tensors travel as their int32 words (``t.view(int32)``,
+  zero-copy, little-endian: low word first) and are narrowed inside the jitted
+  call with explicit range rules (``jax_side``).
+* JAX's CPU import needs 64-byte aligned data (it copies otherwise); its GPU
+  import accepts anything, but XLA/Triton kernels assume aligned parameters.
+  Misaligned tensors are copied (with ``ShimCopyWarning``) only in that case.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+
+import jax
+import torch
+
+
+class ShimCopyWarning(UserWarning):
+    """A large tensor had to be copied (non-compact or misaligned view, or an
+    in-place write that did not land in the caller's memory)."""
+
+
+def _alignment(t: torch.Tensor) -> int:
+    return 16 if t.is_cuda else 64
+
+
+def is_importable(t: torch.Tensor) -> bool:
+    """True when JAX can alias ``t`` directly (compact and aligned)."""
+    return t.is_contiguous() and (t.numel() == 0 or t.data_ptr() % _alignment(t) == 0)
+
+
+def warn_copy(name: str, why: str, stacklevel: int = 4) -> None:
+    warnings.warn(f"qsa_torch_shim: {name} {why}; it is copied for this call", ShimCopyWarning,
+                  stacklevel=stacklevel)
+
+
+def importable(t: torch.Tensor, name: str, *, large: bool = True) -> torch.Tensor:
+    """``t`` itself when JAX can alias it, else a compact aligned copy.
+
+    Copies of small metadata are silent; copies of large tensors warn.
+    """
+    if is_importable(t):
+        return t
+    if large:
+        why = "is not compact" if not t.is_contiguous() else (
+            f"is not {_alignment(t)}-byte aligned (data_ptr % {_alignment(t)} = "
+            f"{t.data_ptr() % _alignment(t)})")
+        warn_copy(name, why)
+    return t.contiguous().clone() if t.is_contiguous() else t.contiguous()
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """Zero-copy import of an importable tensor (stream handshake included)."""
+    return jax.dlpack.from_dlpack(t)
+
+
+def to_torch(a: jax.Array) -> torch.Tensor:
+    """Zero-copy export; torch's current stream waits for JAX's producer."""
+    return torch.from_dlpack(a)
+
+
+# --- int64 metadata --------------------------------------------------------------------
+
+def int_words(t: torch.Tensor, name: str) -> tuple[jax.Array, bool]:
+    """(array, is_words): int32 as is; int64 as its int32 words [..., 2*last].
+
+    Other integer dtypes are widened to int32 (small metadata only).
+    """
+    if t.dtype == torch.int64:
+        t = importable(t, name, large=False)
+        if t.ndim == 0:
+            t = t.reshape(1)
+        return to_jax(t.view(torch.int32)), True
+    if t.dtype != torch.int32:
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise TypeError(f"qsa_torch_shim: {name} must be an integer tensor; got {t.dtype}")
+        t = t.to(torch.int32)
+    return to_jax(importable(t, name, large=False)), False
+
+
+def words_to_int64_tensor(a: jax.Array) -> torch.Tensor:
+    """JAX int32 words [..., n, 2] -> torch int64 [..., n] aliasing the same memory."""
+    t = to_torch(a)
+    return t.view(torch.int64).squeeze(-1)
+
+
+# --- vLLM's fused K/V buffer -----------------------------------------------------------
+
+def fused_kv_base(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """The ``[NB, Hk, P, 2D]`` buffer that ``k, v`` are the split views of, or None.
+
+    Accepted only when ``k, v == base.transpose(1, 2).split(D, -1)`` exactly:
+    same storage, V starting D elements after K, and the fused strides.
+    """
+    if k.ndim != 4 or k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
+        return None
+    nb, p, hk, d = k.shape
+    expected = (hk * p * 2 * d, 2 * d, p * 2 * d, 1)
+    if k.stride() != expected or v.stride() != expected:
+        # Size-1 dims may carry any stride; compare only where it matters.
+        if not all(s == e or n == 1 for s, e, n in zip(k.stride(), expected, k.shape)):
+            return None
+        if not all(s == e or n == 1 for s, e, n in zip(v.stride(), expected, v.shape)):
+            return None
+    if v.storage_offset() != k.storage_offset() + d:
+        return None
+    if k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
+        return None
+    try:
+        return alias(k, (nb, hk, p, 2 * d), (hk * p * 2 * d, p * 2 * d, 2 * d, 1))
+    except RuntimeError:  # the fused extent does not fit the storage
+        return None
+
+
+def alias(t: torch.Tensor, shape=None, stride=None) -> torch.Tensor:
+    """A tensor on ``t``'s storage (same offset) that is *not* an autograd view of it.
+
+    A view keeps a C++ reference to its ``_base``, and torch preserves the
+    Python object of a referenced tensor, so caching an import of a view would
+    keep the user's base tensor alive forever. This alias holds the storage only.
+    """
+    shape = tuple(t.shape) if shape is None else shape
+    stride = t.stride() if stride is None else stride
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), shape, stride)
+
+
+# --- imports of persistent buffers ---------------------------------------------------------
+
+class PersistentImports:
+    """Cache of JAX imports of long-lived torch buffers (the KV cache).
+
+    An import costs 20-90 µs of host time; the KV cache is the same buffer on
+    every call. Correctness of the cache:
+
+    * The key is the exact memory view (data pointer, shape, strides, dtype,
+      device), so a different view or buffer is a miss.
+    * Entries hold the JAX array, whose DLPack capsule keeps the torch storage
+      alive: while an entry exists its address cannot be reused by another
+      allocation, so a hit always refers to the same live memory. The JAX
+      array aliases that memory, so torch's in-place writes (new K/V) are seen.
+    * An entry is dropped (releasing the storage) when the Python tensor it
+      was imported for (the root ``_base`` of the views) is garbage collected,
+      or by ``clear()``. So the cache never keeps a freed KV cache alive
+      longer than the user's own tensor object.
+    * Stream order: a cached import skips the ``__dlpack__`` handshake; the
+      per-call imports of the other arguments (q, ...) make JAX's stream wait
+      for everything already queued on torch's current stream, which covers
+      writes into the cached buffer queued before the call.
+    """
+
+    def __init__(self, max_entries: int = 512):
+        self._entries: dict[tuple, tuple[weakref.ref, jax.Array]] = {}
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(t: torch.Tensor) -> tuple:
+        return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+    def get(self, t: torch.Tensor, owner: torch.Tensor) -> jax.Array:
+        """Import of ``t`` (importable), cached for as long as ``owner`` lives."""
+        root = owner._base if owner._base is not None else owner
+        key = self.key(t) + (id(root),)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is root:
+            self.hits += 1
+            return entry[1]
+        self.misses += 1
+        array = to_jax(t)
+
+        def _drop(_ref, key=key, entries=self._entries):
+            entries.pop(key, None)
+
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = (weakref.ref(root, _drop), array)
+        return array
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+PERSISTENT = PersistentImports()
+
+
+def clear_import_cache() -> None:
+    """Forget every cached import of a persistent buffer (releases their storage)."""
+    PERSISTENT.clear()
