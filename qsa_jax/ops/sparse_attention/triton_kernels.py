@@ -1,0 +1,173 @@
+"""Triton kernels of sparse paged attention (written for qsa-jax; launched by ``triton.py``).
+
+Two kernels:
+
+* ``sparse_attention_split_kernel`` — one program per (row, KV head, split).
+  It walks the tiles dealt to its split (tiles ``split, split + S, ...``),
+  gathers the selected K rows as a ``[D, BLOCK_N]`` tile (so ``q @ K`` needs no
+  transpose of the gathered data) and the V rows as ``[BLOCK_N, D]``, and keeps
+  an online softmax in base 2. With one split it finishes the row itself
+  (bf16 round, sigmoid gate, bf16 store); otherwise it writes an fp32
+  normalised partial and its base-2 log-sum-exp.
+* ``sparse_attention_merge_kernel`` — one program per (row, query head, chunk
+  of D): weights the partials by ``exp2(lse - max lse)`` and applies the gate.
+
+Every launch parameter that depends on the deployment (widths, page size,
+strides, tiling) is a compile-time constant; the three values that change with
+the batch (rows, requests, cache pages) are runtime scalars so that a new
+batch size does not compile a new kernel.
+
+Safety: an entry's K/V are loaded only under its validity mask, so the bytes
+of unreferenced pages (garbage, NaN) never enter a register. Cache offsets are
+64-bit (``page * page_stride`` overflows int32 past 2**31 elements).
+
+The masked score (-1e20) is finite on purpose: a tile with no valid entry then
+gives ``exp2(max_old - max_new) = 1`` instead of ``inf - inf = NaN``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile, req_ok, n_tiles,
+                    num_pages, W: tl.constexpr, PAGE: tl.constexpr, BTW: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """Tokens of one tile and their physical pages; (token, page, valid) per column.
+
+    ``tile >= n_tiles`` (a prefetch past the split's last tile) loads nothing.
+    """
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_tile = (cols < W) & (tile < n_tiles)
+    tok = tl.load(idx_ptr + idx_row_offset + cols, mask=in_tile, other=-1)
+    safe_tok = tl.maximum(tok, 0)
+    logical_page = safe_tok // PAGE
+    ok = req_ok & (tok >= 0) & (logical_page < BTW)
+    page = tl.load(bt_ptr + bt_row_offset + tl.minimum(logical_page, BTW - 1), mask=ok, other=-1)
+    ok = ok & (page >= 0) & (page < num_pages)
+    return safe_tok % PAGE, page, ok
+
+
+@triton.jit
+def sparse_attention_split_kernel(
+    # inputs
+    q_ptr, k_ptr, v_ptr, idx_ptr, bt_ptr, req_ptr, gate_ptr,
+    num_rows, num_requests, num_pages,
+    # outputs: ONE_SPLIT -> (out bf16 [R,H,D], unused); else (partials f32 [S,R,H,D], lse f32 [S,R,H])
+    o_ptr, lse_ptr,
+    W: tl.constexpr,  # selection columns (the count sits in column W)
+    PAGE: tl.constexpr,
+    BTW: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    STRIDE_PAGE: tl.constexpr,  # K/V element strides (same for both)
+    STRIDE_TOKEN: tl.constexpr,
+    STRIDE_HEAD: tl.constexpr,
+    V_OFFSET: tl.constexpr,  # V's first channel inside v_ptr rows (D for the fused cache)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_TILES: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next tile's tokens/pages while this one computes
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    req = tl.load(req_ptr + row)
+    req_ok = (req >= 0) & (req < num_requests)
+    bt_row_offset = tl.minimum(tl.maximum(req, 0), num_requests - 1) * BTW
+    idx_row_offset = row * (W + 1)
+    count = tl.minimum(tl.load(idx_ptr + idx_row_offset + W), W)
+    # Tiles this row consumes; a count <= 0 gives none.
+    n_tiles = tl.minimum(tl.maximum((count + BLOCK_N - 1) // BLOCK_N, 0), NUM_TILES)
+    my_tiles = (tl.maximum(n_tiles - split, 0) + NUM_SPLITS - 1) // NUM_SPLITS
+
+    m_idx = tl.arange(0, BLOCK_M)
+    d_idx = tl.arange(0, D)
+    head_ok = m_idx < GROUP
+    first_head = kv_head * GROUP
+    qo_offsets = row * (HEADS * D) + (first_head + m_idx[:, None]) * D + d_idx[None, :]
+    query = tl.load(q_ptr + qo_offsets, mask=head_ok[:, None], other=0.0)
+
+    scale_log2: tl.constexpr = (D ** -0.5) * 1.4426950408889634
+    run_max = tl.full((BLOCK_M,), -1.0e20, tl.float32)
+    norm = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    head_base = kv_head * STRIDE_HEAD
+
+    tile = split
+    tok_in_page, page, ok = _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile,
+                                            req_ok, n_tiles, num_pages, W, PAGE, BTW, BLOCK_N)
+    for _ in range(0, my_tiles):
+        if not PREFETCH:
+            tok_in_page, page, ok = _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset,
+                                                    tile, req_ok, n_tiles, num_pages, W, PAGE, BTW,
+                                                    BLOCK_N)
+        base = tl.maximum(page, 0).to(tl.int64) * STRIDE_PAGE + (tok_in_page * STRIDE_TOKEN + head_base)
+        keys_t = tl.load(k_ptr + base[None, :] + d_idx[:, None], mask=ok[None, :], other=0.0)  # [D, BN]
+        values = tl.load(v_ptr + V_OFFSET + base[:, None] + d_idx[None, :], mask=ok[:, None], other=0.0)
+        tile += NUM_SPLITS
+        if PREFETCH:
+            next_tok, next_page, next_ok = _selected_pages(idx_ptr, bt_ptr, idx_row_offset,
+                                                           bt_row_offset, tile, req_ok, n_tiles,
+                                                           num_pages, W, PAGE, BTW, BLOCK_N)
+        scores = tl.dot(query, keys_t) * scale_log2
+        scores = tl.where(ok[None, :], scores, -1.0e20)
+        new_max = tl.maximum(run_max, tl.max(scores, axis=1))
+        alpha = tl.math.exp2(run_max - new_max)
+        probs = tl.where(ok[None, :], tl.math.exp2(scores - new_max[:, None]), 0.0)
+        # P.V on bf16 probabilities; the normaliser sums the fp32 ones.
+        acc = tl.dot(probs.to(values.dtype), values, acc=acc * alpha[:, None])
+        norm = norm * alpha + tl.sum(probs, axis=1)
+        run_max = new_max
+        if PREFETCH:
+            tok_in_page, page, ok = next_tok, next_page, next_ok
+
+    has_values = norm > 0
+    out = tl.where(has_values[:, None], acc / tl.maximum(norm, 1.0e-20)[:, None], 0.0)
+    if NUM_SPLITS == 1:
+        gate = tl.load(gate_ptr + qo_offsets, mask=head_ok[:, None], other=0.0).to(tl.float32)
+        out = out.to(tl.bfloat16).to(tl.float32) * tl.sigmoid(gate)
+        tl.store(o_ptr + qo_offsets, out.to(tl.bfloat16), mask=head_ok[:, None])
+    else:
+        lse = tl.where(has_values, run_max + tl.math.log2(tl.maximum(norm, 1.0e-20)), -float("inf"))
+        slab = (split * num_rows + row).to(tl.int64) * HEADS + first_head
+        tl.store(o_ptr + (slab + m_idx[:, None]) * D + d_idx[None, :], out, mask=head_ok[:, None])
+        tl.store(lse_ptr + slab + m_idx, lse, mask=head_ok)
+
+
+@triton.jit
+def sparse_attention_merge_kernel(
+    part_ptr, lse_ptr, gate_ptr,
+    num_rows,
+    out_ptr,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    d_idx = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    s_idx = tl.arange(0, BLOCK_S)
+    s_ok = s_idx < NUM_SPLITS
+    slab = (s_idx.to(tl.int64) * num_rows + row) * HEADS + head
+    lse = tl.load(lse_ptr + slab, mask=s_ok, other=-float("inf"))
+    lse_max = tl.max(lse, axis=0)
+    any_values = lse_max > -float("inf")
+    # Empty splits (lse = -inf) weigh 0; with no valid entry at all every weight is 0.
+    shifted = tl.where(any_values, lse - lse_max, -float("inf"))
+    weights = tl.math.exp2(tl.where(s_ok, shifted, -float("inf")))
+    total = tl.sum(weights, axis=0)
+    parts = tl.load(part_ptr + slab[:, None] * D + d_idx[None, :], mask=s_ok[:, None], other=0.0)
+    merged = tl.sum(parts * weights[:, None], axis=0)
+    merged = tl.where(total > 0, merged / total, 0.0)
+    out_offsets = (row * HEADS + head) * D + d_idx
+    gate = tl.load(gate_ptr + out_offsets).to(tl.float32)
+    merged = merged.to(tl.bfloat16).to(tl.float32) * tl.sigmoid(gate)
+    tl.store(out_ptr + out_offsets, merged.to(tl.bfloat16))

@@ -1,0 +1,533 @@
+"""The "triton" implementation (jax-triton kernels) of the three operators.
+
+CPU part (CI, no GPU): argument handling, ``why_not`` reasons, the explicit
+``implementation="triton"`` error, the default falling through, the kernel
+sources importing, and the kernels themselves run through Triton's CPU
+interpreter (in a subprocess, with ``jax_triton.triton_call`` emulated) on the
+small golden cases.
+
+GPU part (``@pytest.mark.gpu``): goldens and live parity with the originals at
+the real shapes are covered by tests/test_golden.py and tests/test_gpu_parity.py
+(they loop over every available implementation); here: in-place store, the
+64-bit offsets, lowering to a custom call, and the Hopper config.
+
+``python tests/test_triton.py --gpu-report`` (on the GPU machine) runs parity
+and timing against the originals and prints a table (see notes/triton.md).
+``python tests/test_triton.py --interpret [max_rows]`` runs the interpreter check.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TRITON_MODULES = ("qsa_jax.ops.sparse_attention.triton", "qsa_jax.ops.compress_groups.triton",
+                  "qsa_jax.ops.store_cache_rows.triton")
+OPS = ("sparse_attention", "compress_groups_with_ratio", "store_cache_rows")
+
+if __name__ != "__main__":
+    import pytest
+
+    import qsa_jax
+    from qsa_jax import _implementations
+
+    ON_GPU = _implementations.backend() == "gpu"
+
+    # ------------------------------------------------------------------ CPU part
+
+    @pytest.mark.parametrize("module", TRITON_MODULES)
+    def test_module_imports_and_explains(module):
+        import importlib
+
+        mod = importlib.import_module(module)
+        reason = mod.why_not()
+        if ON_GPU:
+            assert reason is None or "compute capability" in reason
+        else:
+            assert reason is not None and ("not a CUDA GPU" in reason or "not importable" in reason), reason
+
+    def test_kernel_sources_import():
+        pytest.importorskip("triton")
+        import triton
+
+        from qsa_jax.ops.compress_groups import triton_kernels as c
+        from qsa_jax.ops.sparse_attention import triton_kernels as s
+        from qsa_jax.ops.store_cache_rows import triton_kernels as st
+
+        for kernel in (s.sparse_attention_split_kernel, s.sparse_attention_merge_kernel,
+                       c.compress_groups_kernel, st.store_rows_kernel):
+            assert isinstance(kernel, triton.JITFunction)
+
+    def test_package_imports_without_jax_triton():
+        code = ("import sys; sys.modules['jax_triton'] = None\n"
+                "import qsa_jax\n"
+                "from qsa_jax.ops.sparse_attention import triton as t\n"
+                "r = t.why_not(); assert r and 'not importable' in r, r\n"
+                "assert 'triton' not in qsa_jax.available_implementations('sparse_attention')\n"
+                "print('ok')")
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+    @pytest.mark.skipif(ON_GPU, reason="CPU behaviour")
+    @pytest.mark.parametrize("op", OPS)
+    def test_cpu_excludes_triton(op):
+        assert "triton" not in qsa_jax.available_implementations(op)
+        assert _implementations.REGISTRIES[op].choose(None) == "xla"
+        with pytest.raises(NotImplementedError, match="triton"):
+            _implementations.REGISTRIES[op].choose("triton")
+
+    def _small_sparse_case():
+        from qsa_testing import cases as C
+
+        rng = np.random.default_rng(0)
+        return C.sparse_attention_case(rng, rows=2, num_query_heads=4, num_kv_heads=2, head_dim=16,
+                                       page_size=8, selection_blocks=4, context_tokens=40)
+
+    @pytest.mark.skipif(ON_GPU, reason="CPU behaviour")
+    def test_explicit_triton_raises_on_cpu():
+        case = _small_sparse_case()
+        with pytest.raises(NotImplementedError, match="cannot run here"):
+            qsa_jax.sparse_attention(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                     case.token_to_req, case.output_gate, implementation="triton")
+
+    def test_bad_arguments_are_rejected_before_dispatch():
+        case = _small_sparse_case()
+        with pytest.raises(ValueError, match="logical_indices"):
+            qsa_jax.sparse_attention(case.q, case.kv_cache, case.logical_indices[:1], case.block_table,
+                                     case.token_to_req, case.output_gate, implementation="triton")
+        with pytest.raises(ValueError, match="implementation"):
+            qsa_jax.sparse_attention(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                     case.token_to_req, case.output_gate, implementation="cuda")
+
+    def test_hopper_table_keeps_rounding():
+        from qsa_jax.config import select_config, tune_config_for_hopper
+
+        for hk in (1, 2):
+            for rows in range(1, 8193):
+                for flag in (False, True):
+                    base = select_config(rows, hk, flag, 2051)
+                    tuned = tune_config_for_hopper(base, rows, hk)
+                    assert (tuned.block_n, tuned.num_tiles) == (base.block_n, base.num_tiles)
+                    # Either the same deal of tiles to splits, or only the last tile moved.
+                    assert tuned.num_splits == base.num_splits or (
+                        base.num_tiles == base.num_splits + 1 and tuned.num_splits == base.num_tiles)
+
+    @pytest.mark.skipif(ON_GPU, reason="the interpreter check is for machines without a GPU")
+    def test_kernels_in_triton_interpreter():
+        pytest.importorskip("triton")
+        pytest.importorskip("torch")
+        done = subprocess.run([sys.executable, __file__, "--interpret", "8"], cwd=REPO,
+                              capture_output=True, text=True, timeout=1500,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "INTERPRET OK" in done.stdout
+
+    # ------------------------------------------------------------------ GPU part
+
+    @pytest.mark.gpu
+    def test_lowers_to_custom_call():
+        import jax
+
+        from qsa_jax.ops.sparse_attention.api import _run
+        from qsa_jax.ops.sparse_attention.base import as_kv_layout, check_sparse_attention_args
+
+        case = _small_sparse_case()
+        problem = check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                              case.token_to_req, case.output_gate,
+                                              use_prefill_config=False, config=None)
+        _, kv = as_kv_layout(case.kv_cache)
+        text = _run.lower(case.q, kv, case.logical_indices, case.block_table, case.token_to_req,
+                          case.output_gate, problem=problem, implementation="triton").as_text()
+        assert "triton_kernel_call" in text
+        assert "transpose" not in text  # the cache is read in place
+
+    @pytest.mark.gpu
+    def test_store_in_place_when_donated():
+        import jax.numpy as jnp
+
+        from qsa_testing import cases as C
+
+        case = C.store_case(np.random.default_rng(3), n=300, pages=40, page_size=64)
+        expected = qsa_jax.store_cache_rows(case.cache, case.slot_mapping, case.rows, implementation="xla")
+        cache = jnp.asarray(case.cache)
+        pointer = cache.unsafe_buffer_pointer()
+        got = qsa_jax.store_cache_rows(cache, case.slot_mapping, case.rows, donate=True, implementation="triton")
+        assert got.unsafe_buffer_pointer() == pointer
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(expected).view(np.uint16))
+        # Not donated: the input stays as it was.
+        cache2 = jnp.asarray(case.cache)
+        qsa_jax.store_cache_rows(cache2, case.slot_mapping, case.rows, implementation="triton")
+        np.testing.assert_array_equal(np.asarray(cache2).view(np.uint16), case.cache.view(np.uint16))
+
+    @pytest.mark.gpu
+    def test_sparse_attention_large_cache_offsets():
+        """A cache of more than 2**31 elements: pages past the int32 range must be addressed right."""
+        import jax.numpy as jnp
+
+        from qsa_testing import cases as C
+        from qsa_testing.agreement import assert_agrees
+
+        rng = np.random.default_rng(5)
+        d, p, hk = 256, 1600, 1
+        nb = (2**31) // (hk * p * 2 * d) + 8  # > 2**31 elements (4.3 GB)
+        case = C.sparse_attention_case(rng, rows=4, num_query_heads=6, num_kv_heads=hk, head_dim=d,
+                                       page_size=p, selection_blocks=64, context_tokens=4096,
+                                       num_pages=nb, make_cache=False)
+        case.block_table[:] = rng.integers(nb - 8, nb, case.block_table.shape)  # only the last pages
+        kv = jnp.zeros(case.kv_shape, jnp.bfloat16)
+        tail = C.bf16_random(rng, (8,) + case.kv_shape[1:])
+        kv = kv.at[nb - 8:].set(tail)
+        args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
+        got = qsa_jax.sparse_attention(*args, implementation="triton")
+        small_table = case.block_table - (nb - 8)
+        ref = qsa_jax.sparse_attention(case.q, jnp.asarray(tail), case.logical_indices, small_table,
+                                       case.token_to_req, case.output_gate, implementation="xla")
+        assert_agrees(np.asarray(got), np.asarray(ref), what="large cache")
+
+
+# ---------------------------------------------------------------------------------
+# Triton CPU interpreter run (subprocess): jax_triton.triton_call emulated with torch.
+
+
+def _patch_interpreter():
+    """Two interpreter gaps (triton 3.6 + numpy 2): scalar loop bounds and bf16 dots/casts."""
+    import ml_dtypes
+    import triton.language as tl
+    import triton.runtime.interpreter as ti
+
+    patch_tensor = ti._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    ti._patch_lang_tensor = patched
+
+    def as_f32(data):
+        return (np.asarray(data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+    dot = ti.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16:  # the interpreter multiplies the raw bits otherwise
+            return ti.TensorHandle(np.matmul(as_f32(a.data), as_f32(b.data), dtype=np.float32) + d.data,
+                                   d.dtype.scalar)
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    ti.InterpreterBuilder.create_dot = create_dot
+    cast = ti.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:  # GPU: round to nearest even
+            return ti.TensorHandle(np.asarray(src.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16),
+                                   dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    ti.InterpreterBuilder.cast_impl = cast_impl
+
+
+def _emulated_triton_call(*args, kernel, out_shape, grid, input_output_aliases=None, name="",
+                          num_warps=None, num_stages=None, **meta):
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import torch
+
+    def to_torch(x):
+        x = np.ascontiguousarray(np.asarray(x))
+        if x.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(x.copy())
+
+    def to_jax(t):
+        if t.dtype == torch.bfloat16:
+            return jnp.asarray(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+        return jnp.asarray(t.numpy())
+
+    single = isinstance(out_shape, jax.ShapeDtypeStruct)
+    shapes = [out_shape] if single else list(out_shape)
+    t_args = [a if isinstance(a, (int, float)) else to_torch(a) for a in args]
+    dtypes = {jnp.dtype(jnp.bfloat16): torch.bfloat16, jnp.dtype(jnp.float32): torch.float32,
+              jnp.dtype(jnp.int32): torch.int32, jnp.dtype(jnp.int64): torch.int64}
+    outs = [torch.empty(s.shape, dtype=dtypes[jnp.dtype(s.dtype)]) for s in shapes]
+    for i, o in (input_output_aliases or {}).items():
+        outs[o] = t_args[i].clone()
+    kernel[tuple(grid)](*t_args, *outs, **meta)
+    res = [to_jax(o) for o in outs]
+    return res[0] if single else res
+
+
+def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import types
+
+    import triton  # noqa: F401  (decorates the kernels in interpreter mode)
+
+    _patch_interpreter()
+    # jax_triton itself needs a CUDA jaxlib; the wrappers only use triton_call.
+    sys.modules["jax_triton"] = jax_triton = types.SimpleNamespace(triton_call=_emulated_triton_call)
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.compress_groups import base as cbase
+    from qsa_jax.ops.compress_groups import triton as ctri
+    from qsa_jax.ops.sparse_attention import base as sbase
+    from qsa_jax.ops.sparse_attention import triton as stri
+    from qsa_jax.ops.store_cache_rows import base as stbase
+    from qsa_jax.ops.store_cache_rows import triton as sttri
+    from qsa_testing import golden
+    from qsa_testing.agreement import assert_agrees
+
+    for mod in (stri, ctri, sttri):
+        mod._jt = jax_triton
+    failures = 0
+    for case, expected in golden.sparse_attention_cases():
+        cost = case.q.shape[0] * case.selection_width * case.q.shape[1]
+        if case.q.shape[0] > max_rows or cost > max_cost:
+            continue
+        for layout in ("fused", "split"):
+            kv = case.kv_cache if layout == "fused" else case.split_caches()
+            problem = sbase.check_sparse_attention_args(
+                case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+                use_prefill_config=case.use_prefill_config, config=None)
+            _, arrays = sbase.as_kv_layout(kv)
+            arrays = tuple(jnp.asarray(a) for a in arrays)
+            try:
+                got = stri.run(problem, jnp.asarray(case.q), arrays, jnp.asarray(case.logical_indices),
+                               jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
+                               jnp.asarray(case.output_gate), config=problem.config)
+                err = assert_agrees(np.asarray(got), expected, what=f"{case.name}/{layout}")
+                print(f"sparse_attention {case.name} {layout} cfg={tuple(problem.config)} rel_err={err:.2e}")
+            except AssertionError as exc:
+                failures += 1
+                print("FAIL", exc)
+    for case, pooled, first in golden.compress_cases():
+        if case.token_to_req.shape[0] > 64:
+            continue
+        args = [case.raw_keys, case.raw_positions.astype(np.int32), case.compressor_state_cache,
+                case.compressor_state_block_table, case.token_to_req, case.query_start_loc,
+                case.logical_positions, case.compressed_slots]
+        rope = None if case.rope_cache is None else case.rope_cache.astype(np.int32)
+        problem = cbase.check_compress_args(*args, case.compress_ratio, rope)
+        got_p, got_f = ctri.run(problem, *[jnp.asarray(a) for a in args],
+                                None if rope is None else jnp.asarray(rope))
+        ok = (np.array_equal(np.asarray(got_p).view(np.uint16), pooled.view(np.uint16))
+              and np.array_equal(np.asarray(got_f).astype(np.int64), first))
+        failures += not ok
+        print(f"compress {case.name} {'ok' if ok else 'FAIL'}")
+    for case, expected in golden.store_cases():
+        if case.slot_mapping.size > 64:
+            continue
+        problem = stbase.check_store_args(case.cache, case.slot_mapping, case.rows)
+        got = sttri.run(problem, jnp.asarray(case.cache), jnp.asarray(case.slot_mapping), jnp.asarray(case.rows))
+        ok = np.array_equal(np.asarray(got).view(np.uint16), expected.view(np.uint16))
+        failures += not ok
+        print(f"store {case.name} {'ok' if ok else 'FAIL'}")
+    print("INTERPRET OK" if not failures else f"INTERPRET {failures} FAILURES")
+    return 1 if failures else 0
+
+
+# ---------------------------------------------------------------------------------
+# GPU report: parity and timing against the originals at the real shapes.
+
+
+def _gpu_indices(torch, rows, width, blocks=512, context=65536, seed=0):
+    """vLLM-like packed selections drawn on the GPU: blocks of 4, causal tail, -1, count."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pos = torch.randint(context - context // 4, context, (rows,), device="cuda", generator=g)
+    visible = (pos + 1) // 4
+    keys = torch.rand((rows, context // 4), device="cuda", generator=g)
+    keys[torch.arange(context // 4, device="cuda")[None, :] >= visible[:, None]] = -1.0
+    chosen = keys.topk(blocks, dim=1).indices  # random order of distinct visible blocks
+    toks = (chosen[:, :, None] * 4 + torch.arange(4, device="cuda")).reshape(rows, -1)
+    out = torch.full((rows, width + 1), -1, dtype=torch.int32, device="cuda")
+    out[:, : blocks * 4] = toks.int()
+    tail_len = (pos + 1) % 4
+    start = 4 * ((pos + 1) // 4)
+    for t in range(3):
+        has = tail_len > t
+        out[:, blocks * 4 + t] = torch.where(has, (start + t).int(), out[:, blocks * 4 + t])
+    out[:, width] = (blocks * 4 + tail_len).int()
+    return out
+
+
+def gpu_report(argv) -> int:
+    import jax
+    import torch
+    from ml_dtypes import bfloat16 as bf16
+
+    from qsa_jax import arg_specs
+    from qsa_jax.ops.sparse_attention import triton as tri
+    from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+    from qsa_testing import originals
+    from qsa_testing.agreement import assert_agrees
+
+    out_dir = pathlib.Path(os.environ.get("OUT", "/tmp/out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    budget = float(argv[0]) if argv else 200.0
+    t_start = time.time()
+    orig = originals.load()
+    n_calls = 8
+    width = arg_specs.SELECTION_WIDTH
+    lines = []
+
+    def log(msg):
+        print(msg, flush=True)
+        lines.append(msg)
+
+    # Copy bandwidth of the card (read + write of a 2 GiB buffer).
+    src = torch.empty(2**30, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    copy_bw = 2 * src.numel() * 2 * 5 / (time.perf_counter() - t0) / 1e9
+    del src, dst
+    log(f"card={torch.cuda.get_device_name()} copy_bw={copy_bw:.0f} GB/s")
+
+    pools = {"TP1": 600, "TP2": 1000, "TP4": 2000}
+    geoms = arg_specs.GEOMETRIES
+
+    def setup(g, rows, seed):
+        nr = max(1, rows)
+        pages_per_req = -(-65536 // g.page_size)
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        bt = torch.randint(0, pools[g.name], (nr, pages_per_req), device="cuda", generator=gen, dtype=torch.int32)
+        req = (torch.arange(rows, device="cuda") % nr).int()
+        q = torch.randn((rows, g.num_query_heads, g.head_dim), device="cuda", generator=gen).bfloat16()
+        gate = (2 * torch.randn((rows, g.num_query_heads, g.head_dim), device="cuda", generator=gen)).bfloat16()
+        idx = [_gpu_indices(torch, rows, width, seed=seed * 100 + i) for i in range(n_calls)]
+        return q, bt, req, gate, idx
+
+    def time_orig(kv, g, q, bt, req, gate, idx, flag):
+        k, v = kv.transpose(1, 2).split(g.head_dim, dim=-1)
+        outs = [torch.empty_like(q) for _ in idx]
+        fn = lambda: [orig.qsa_sparse_paged_attention(q, k, v, ix, bt, req, flag, o, output_gate=gate)  # noqa: E731
+                      for ix, o in zip(idx, outs)]
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        best = 1e9
+        for _ in range(3):
+            t0 = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return best / len(idx) * 1e6, outs
+
+    def jax_fn(problem, variant):
+        def many(q, kv, idx_list, bt, req, gate):
+            return [tri.run(problem, q, (kv,), ix, bt, req, gate, **variant) for ix in idx_list]
+        return jax.jit(many)
+
+    def time_jax(fn, args):
+        t0 = time.perf_counter()
+        res = fn(*args)
+        jax.block_until_ready(res)
+        first = time.perf_counter() - t0
+        best = 1e9
+        for _ in range(3):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            best = min(best, time.perf_counter() - t0)
+        return best / len(args[2]) * 1e6, first, res
+
+    results = []
+    grid = [("TP1", r) for r in (1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)]
+    grid += [(tp, r) for tp in ("TP2", "TP4") for r in (1, 8, 16, 64, 256, 1024, 4096)]
+    sweep_at = {("TP1", 1), ("TP1", 32), ("TP1", 64), ("TP1", 256), ("TP1", 2048)}
+    kv_pools = {}
+    for tp, rows in grid:
+        if time.time() - t_start > budget:
+            log(f"budget reached, stopping before {tp} rows={rows}")
+            break
+        g = geoms[tp]
+        if tp not in kv_pools:
+            gen = torch.Generator(device="cuda").manual_seed(7)
+            kv_pools[tp] = torch.randn((pools[tp], g.num_kv_heads, g.page_size, 2 * g.head_dim),
+                                       device="cuda", dtype=torch.bfloat16, generator=gen)
+        kv = kv_pools[tp]
+        q, bt, req, gate, idx = setup(g, rows, rows + 17)
+        flags = (False, True) if rows * g.num_kv_heads > 2048 else (False,)
+        for flag in flags:
+            t_orig, outs = time_orig(kv, g, q, bt, req, gate, idx, flag)
+            j = lambda t: jax.dlpack.from_dlpack(t)  # noqa: E731
+            args = (j(q), j(kv), [j(i) for i in idx], j(bt), j(req), j(gate))
+            problem = check_sparse_attention_args(args[0], args[1], args[2][0], args[3], args[4], args[5],
+                                                  use_prefill_config=flag, config=None)
+            base_cfg = problem.config
+            tuned = tri.launch_config(problem)
+            variants = {"default": {}}
+            if (tp, rows) in sweep_at and not flag:
+                w = base_cfg.num_warps
+                variants.update({
+                    "orig_cfg": {"config": base_cfg},
+                    "no_prefetch": {"prefetch": False},
+                    "stages1": {"num_stages": 1},
+                    "stages3": {"num_stages": 3},
+                    f"warps{w * 2}": {"config": tuned._replace(num_warps=w * 2)},
+                    "merge_d256": {"merge_block_d": 256},
+                })
+                if w < 4:
+                    variants["warps4"] = {"config": tuned._replace(num_warps=4)}
+                if w > 1:
+                    variants[f"warps{w // 2}"] = {"config": tuned._replace(num_warps=w // 2)}
+            nbytes = 0
+            for ix in idx:
+                valid = (ix[:, width].clamp(max=width)).sum().item()
+                nbytes += valid * g.num_kv_heads * 2 * g.head_dim * 2
+            nbytes = nbytes / len(idx) + 3 * q.numel() * 2
+            for vname, variant in variants.items():
+                if time.time() - t_start > budget and vname != "default":
+                    break
+                t_jax, first, res = time_jax(jax_fn(problem, variant), args)
+                errs = []
+                for i, r in enumerate(res[:2]):
+                    expected = outs[i].view(torch.int16).cpu().numpy().view(bf16)
+                    try:
+                        errs.append(assert_agrees(np.asarray(r), expected, what=f"{tp} r{rows} {vname}"))
+                    except AssertionError as exc:
+                        log(f"PARITY FAIL {exc}")
+                        errs.append(float("inf"))
+                cfg = variant.get("config", tuned)
+                row = dict(tp=tp, rows=rows, prefill=flag, variant=vname, cfg=tuple(cfg), orig_cfg=tuple(base_cfg),
+                           t_orig_us=round(t_orig, 2), t_jax_us=round(t_jax, 2), ratio=round(t_jax / t_orig, 3),
+                           pct_copy_jax=round(100 * nbytes / (t_jax * 1e-6) / 1e9 / copy_bw, 1),
+                           pct_copy_orig=round(100 * nbytes / (t_orig * 1e-6) / 1e9 / copy_bw, 1),
+                           rel_err=float(max(errs)), first_call_s=round(first, 2))
+                results.append(row)
+                log(" ".join(f"{k}={v}" for k, v in row.items()))
+    import json
+
+    (out_dir / "triton_report.json").write_text(json.dumps(dict(copy_bw=copy_bw, results=results), indent=1))
+    log("\n| TP | rows | pf | variant | cfg | orig us | jax us | ratio | %copy jax | %copy orig | err |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        log(f"| {r['tp']} | {r['rows']} | {int(r['prefill'])} | {r['variant']} | {r['cfg']} | {r['t_orig_us']} | "
+            f"{r['t_jax_us']} | {r['ratio']} | {r['pct_copy_jax']} | {r['pct_copy_orig']} | {r['rel_err']:.1e} |")
+    (out_dir / "triton_report.md").write_text("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    if "--interpret" in sys.argv:
+        rest = sys.argv[sys.argv.index("--interpret") + 1:]
+        sys.exit(interpret_main(int(rest[0]) if rest else 12))
+    if "--gpu-report" in sys.argv:
+        sys.exit(gpu_report(sys.argv[sys.argv.index("--gpu-report") + 1:]))
