@@ -75,7 +75,8 @@ def test_sparse_attention_matches_original(orig, pool, rows):
                 torch_to_jax(t["output_gate"]), use_prefill_config=flag, implementation=impl)
             err = assert_agrees(np.asarray(got), expected, what=f"{impl} {g.name} rows={rows} prefill={flag}")
             print(f"PARITY sparse_attention impl={impl} {g.name} rows={rows} prefill={flag} "
-                  f"cfg={tuple(case.config())} rel_err={err:.2e}")
+                  f"cfg={tuple(qsa_jax.select_config(rows, g.num_kv_heads, flag, case.selection_width))} "
+                  f"rel_err={err:.2e}")
 
 
 @pytest.mark.parametrize("ring", [4, 8])

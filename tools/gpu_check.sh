@@ -6,7 +6,7 @@
 # Usage (device tool, carry .whl and .cache/originals): bash tools/gpu_check.sh
 source tools/gpu_env.sh
 set -o pipefail
-python3 -m pytest -q -p no:cacheprovider -rfE \
+python3 -m pytest -q -s -p no:cacheprovider -rfE \
   tests/test_gpu_parity.py tests/test_golden.py tests/test_shim.py tests/test_pallas.py tests/test_triton.py \
   2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR" | tail -25
 grep "^PARITY" "$OUT/gpu_tests.log" > "$OUT/parity_summary.log" || true
