@@ -1,0 +1,134 @@
+"""Timers: device time of N calls (CUDA graph replay / one jitted function) and eager latency."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+
+# A measurement repeats the N-call unit until it has run this long (at least
+# MIN_REPS and at most MAX_REPS times), after one untimed warm-up run.
+TARGET_S = 0.1
+MIN_REPS = 3
+MAX_REPS = 100
+
+
+def _reps(t_one: float, target_s: float) -> int:
+    if t_one <= 0:
+        return MAX_REPS
+    return int(min(MAX_REPS, max(MIN_REPS, round(target_s / t_one))))
+
+
+def compile_jitted(fn, args):
+    """(compiled executable, seconds) of a jitted function for ``args``."""
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    return compiled, time.perf_counter() - t0
+
+
+def jax_device_time(compiled, args, n_calls: int, *, chain: bool = False, target_s: float = TARGET_S):
+    """Seconds per call of ``compiled(*args)``, a compiled jitted function running ``n_calls`` calls.
+
+    Run once untimed, once timed (to size the measurement), then dispatched ``reps``
+    times back to back and waited for once: the wall clock of the reps divided by
+    reps * n_calls. Back-to-back dispatch hides the host's dispatch cost behind the
+    device work of the previous rep. With ``chain`` the first argument is replaced
+    by the result of the previous rep (a donated cache). Returns (dict, last result
+    when chained).
+    """
+    out = compiled(*args)
+    jax.block_until_ready(out)
+    if chain:
+        args = (out, *args[1:])
+    t0 = time.perf_counter()
+    out = compiled(*args)
+    jax.block_until_ready(out)
+    t_one = time.perf_counter() - t0
+    reps = _reps(t_one, target_s)
+    if chain:
+        args = (out, *args[1:])
+    del out
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = compiled(*args)
+        if chain:
+            args = (out, *args[1:])
+    jax.block_until_ready(out)
+    elapsed = time.perf_counter() - t0
+    return {"device_s": elapsed / (reps * n_calls), "reps": reps,
+            "method": f"one jitted function of {n_calls} calls, {reps} reps dispatched back to back, "
+                      "wall clock"}, (args[0] if chain else None)
+
+
+def torch_graph_time(calls, *, target_s: float = TARGET_S) -> dict:
+    """Seconds per call of a CUDA graph capturing ``calls`` (callables), replayed."""
+    import torch
+
+    n = len(calls)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for c in calls:  # warm-up (compiles / autotunes outside the capture)
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    reps = _reps(start.elapsed_time(end) / 1e3, target_s)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    elapsed = start.elapsed_time(end) / 1e3
+    del graph
+    return {"device_s": elapsed / (reps * n), "reps": reps,
+            "method": f"CUDA graph of {n} calls, {reps} replays, CUDA events"}
+
+
+def torch_loop_time(calls, *, reason: str, target_s: float = TARGET_S) -> dict:
+    """Fallback when a call cannot be captured: N calls launched back to back from Python,
+    timed with CUDA events on torch's stream (includes host launch cost when it dominates)."""
+    import torch
+
+    n = len(calls)
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for c in calls:
+        c()
+    end.record()
+    torch.cuda.synchronize()
+    reps = _reps(start.elapsed_time(end) / 1e3, target_s)
+    start.record()
+    for _ in range(reps):
+        for c in calls:
+            c()
+    end.record()
+    torch.cuda.synchronize()
+    elapsed = start.elapsed_time(end) / 1e3
+    return {"device_s": elapsed / (reps * n), "reps": reps,
+            "method": f"eager loop of {n} calls x {reps}, CUDA events (not a graph: {reason})"}
+
+
+def eager_latency(calls, sync, *, count: int) -> dict:
+    """Median wall time of one call from Python, synchronising after each (``calls`` rotate)."""
+    sync(calls[0]())  # warm (e.g. the donating variant of a call compiles on its first use)
+    times = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        sync(calls[(i + 1) % len(calls)]())
+        times.append(time.perf_counter() - t0)
+    return {"eager_s": statistics.median(times), "eager_min_s": min(times), "eager_calls": count}
