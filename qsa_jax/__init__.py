@@ -8,7 +8,7 @@ Public API:
 - ``select_config`` / ``SparseAttentionConfig``: the static tiling table.
 - ``warmup`` / ``enable_persistent_cache``: compile ahead of serving, keep it on disk.
 
-Each operator takes ``implementation=`` ("triton", "pallas", "xla" or None).
+Each operator takes ``implementation=`` ("pallas", "triton", "xla" or None).
 """
 
 from qsa_jax.ops.compress_groups import compress_groups_with_ratio

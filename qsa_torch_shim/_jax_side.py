@@ -68,11 +68,13 @@ sparse_new = jax.jit(_sparse, static_argnames=("use_prefill_config", "implementa
 
 
 @functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation"),
-                   donate_argnums=(0,))
+                   donate_argnums=(0,), keep_unused=True)
 def sparse_into(out, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
                 use_prefill_config, implementation):
     # ``out`` is only the destination: donated, and aliased to the result
     # (same shape and dtype), so XLA writes the result into its memory.
+    # keep_unused: without it jit prunes the unused parameter, and with it the
+    # donation (the result would land in a fresh buffer).
     del out
     return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
                    use_prefill_config=use_prefill_config, implementation=implementation)

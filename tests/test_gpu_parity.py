@@ -6,6 +6,8 @@ selections (512 distinct 4-token blocks from a 64K-token context + tail).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,9 @@ ROWS = (1, 4, 16, 64, 256, 1024, 2048, 4096)
 def implementations():
     import qsa_jax
 
-    return qsa_jax.available_implementations("sparse_attention")
+    names = qsa_jax.available_implementations("sparse_attention")
+    only = os.environ.get("QSA_PARITY_IMPLS")  # e.g. "pallas,triton" to save GPU time
+    return [n for n in names if not only or n in only.split(",")]
 
 
 @pytest.fixture(scope="module")

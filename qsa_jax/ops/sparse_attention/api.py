@@ -46,7 +46,7 @@ def sparse_attention(
       use_prefill_config: picks the prefill tiling when R * Hk > 2048.
       config: explicit ``(block_n, num_warps, num_tiles, num_splits)``
         overriding ``select_config``.
-      implementation: "triton", "pallas", "xla" or None (first available).
+      implementation: "pallas", "triton", "xla" or None (first available).
 
     Returns:
       [R, H, D] bf16.

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call that does everything, within the 10-minute command limit:
+#   1. the full benchmark grid (bench/run.py) -> $OUT/<card>_<date>/
+#   2. GPU tests: parity of the kernels and of the shim with the originals
+#   3. the shim swap-in script
+#   4. compute-sanitizer memcheck of the kernels on adversarial metadata
+# Time limits per step keep the whole call under the limit; the benchmark
+# writes whatever it has finished when its limit ends it.
+# Usage (device tool; carry .whl .cache/originals): QSA_GIT_COMMIT=<sha> bash tools/gpu_all.sh
+source tools/gpu_env.sh
+set -o pipefail
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
+res="$OUT/${card}_$(date +%F)"
+timeout -s TERM "${BENCH_TIMEOUT:-390}" python3 -m bench.run --out "$res" ${BENCH_ARGS:-} \
+  > "$OUT/bench.log" 2>&1
+echo "bench rc=$?"
+rm -f "$res/results.partial.json"  # the final files replace it
+tail -n 4 "$OUT/bench.log"
+QSA_PARITY_IMPLS=${QSA_PARITY_IMPLS:-pallas,triton} timeout "${TESTS_TIMEOUT:-130}" \
+  python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
+  tests/test_gpu_parity.py tests/test_shim.py tests/test_pallas.py tests/test_triton.py \
+  > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -12
+timeout 40 python3 tools/swap_in_check.py --quick > "$OUT/swap_in.log" 2>&1
+echo "swap-in rc=$?"; tail -n 4 "$OUT/swap_in.log"
+XLA_PYTHON_CLIENT_ALLOCATOR=platform PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-45}" \
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 tools/memcheck.py > "$OUT/memcheck.log" 2>&1
+echo "compute-sanitizer memcheck rc=$?"; tail -n 5 "$OUT/memcheck.log"
