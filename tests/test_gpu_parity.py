@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 CONTEXT = 65536
 POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}  # about 2 GB of cache each
-ROWS = (1, 4, 16, 64, 256, 1024, 2048, 4096)
+ROWS = tuple(int(r) for r in os.environ.get("QSA_PARITY_ROWS", "1,4,16,64,256,1024,2048,4096").split(","))
 
 
 def implementations():
