@@ -20,17 +20,7 @@ import jax.numpy as jnp
 
 from qsa_jax.ops.compress_groups.base import CompressProblem
 
-try:
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-    _IMPORT_ERROR = None
-except ImportError as exc:  # pragma: no cover
-    pl = plgpu = None
-    _IMPORT_ERROR = exc
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
+from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 
 
 def _kernel(keys_ref, pos_ref, ring_ref, table_ref, req_ref, qsl_ref, lpos_ref, slot_ref, *rest,
@@ -86,8 +76,6 @@ def _kernel(keys_ref, pos_ref, ring_ref, table_ref, req_ref, qsl_ref, lpos_ref, 
 
 def run(p: CompressProblem, raw_keys, raw_positions, ring, block_table, token_to_req,
         query_start_loc, logical_positions, compressed_slots, rope_cache):
-    from qsa_jax._implementations import backend
-
     rows = p.num_rows
     pos_dtype = raw_positions.dtype
     if rows == 0:
@@ -97,19 +85,14 @@ def run(p: CompressProblem, raw_keys, raw_positions, ring, block_table, token_to
     if p.with_rope:
         args.append(rope_cache)
     return pl.pallas_call(
-        functools.partial(_kernel, p=p, block_d=_next_pow2(p.head_dim)),
+        functools.partial(_kernel, p=p, block_d=next_pow2(p.head_dim)),
         out_shape=(jax.ShapeDtypeStruct((rows, 1, p.head_dim), raw_keys.dtype),
                    jax.ShapeDtypeStruct((rows, 3), pos_dtype)),
         grid=(rows,),
         in_specs=[pl.no_block_spec] * len(args),
         out_specs=(pl.no_block_spec, pl.no_block_spec),
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-        interpret=backend() != "gpu",
+        interpret=interpret(),
         name="qsa_compress_groups",
     )(*args)
 
-
-def why_not() -> str | None:
-    if _IMPORT_ERROR is not None:
-        return f"jax.experimental.pallas is not importable ({_IMPORT_ERROR})"
-    return None

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 
 from qsa_jax.ops.compress_groups.base import CompressProblem
 
-try:
-    from qsa_jax.ops.sparse_attention.triton import import_jax_triton
+from qsa_jax.ops import _triton_support
 
-    _jt = import_jax_triton()
+try:
+    _jt = _triton_support.import_jax_triton()
 
     from qsa_jax.ops.compress_groups import triton_kernels as _k
 
@@ -23,11 +23,7 @@ NUM_WARPS = 1  # Dk = 128 bf16: one warp moves a row in one 8-byte access per la
 
 
 def why_not() -> str | None:
-    if _IMPORT_ERROR is not None:
-        return f"jax-triton/triton is not importable ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR})"
-    from qsa_jax.ops.sparse_attention.triton import cuda_gpu_reason
-
-    return cuda_gpu_reason()
+    return _triton_support.why_not(_IMPORT_ERROR)
 
 
 def run(p: CompressProblem, raw_keys, raw_positions, ring, block_table, token_to_req,

@@ -43,27 +43,11 @@ from jax import lax
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, MASKED_SCORE, SparseAttentionProblem, head_row_stride)
 
-try:  # Pallas is part of jax, but keep the package importable if it moves.
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-    _IMPORT_ERROR = None
-except ImportError as exc:  # pragma: no cover
-    pl = plgpu = None
-    _IMPORT_ERROR = exc
+from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 
 # Triton's software pipelining of the tile loop. DESIGN.md section 7: 3 stages
 # were always worse than 2 on Hopper; the originals use 2.
 DEFAULT_NUM_STAGES = 2
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def _interpret() -> bool:
-    from qsa_jax._implementations import backend
-
-    return backend() != "gpu"
 
 
 def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int, int]:
@@ -220,8 +204,8 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         return jnp.zeros((0, heads, d), jnp.bfloat16)
     kv = p.kv
     bn, warps, _, num_splits, stages = _launch_params(p)
-    block_m = max(16, _next_pow2(p.group_size))  # tl.dot needs >= 16 rows
-    interpret = _interpret()
+    block_m = max(16, next_pow2(p.group_size))  # tl.dot needs >= 16 rows
+    interpreted = interpret()
 
     # Free reshapes only (contiguous arrays): no copy of the cache or q.
     if kv.fused:
@@ -239,7 +223,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         out_shape = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
                      jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
-                               masked=not interpret)
+                               masked=not interpreted)
     result = pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -247,7 +231,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         in_specs=[pl.no_block_spec] * 7,
         out_specs=pl.no_block_spec if one_split else (pl.no_block_spec, pl.no_block_spec),
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
-        interpret=interpret,
+        interpret=interpreted,
         name="qsa_sparse_attention",
     )(q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     if one_split:
@@ -255,19 +239,14 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
 
     partial, lse = result
     merged = pl.pallas_call(
-        functools.partial(_merge_kernel, num_splits=num_splits, block_s=_next_pow2(num_splits)),
+        functools.partial(_merge_kernel, num_splits=num_splits, block_s=next_pow2(num_splits)),
         out_shape=jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16),
         grid=(rows * heads,),
         in_specs=[pl.no_block_spec] * 3,
         out_specs=pl.no_block_spec,
         compiler_params=plgpu.CompilerParams(num_warps=2, num_stages=1),
-        interpret=interpret,
+        interpret=interpreted,
         name="qsa_merge_splits",
     )(partial, lse, gate2)
     return merged.reshape(rows, heads, d)
 
-
-def why_not() -> str | None:
-    if _IMPORT_ERROR is not None:
-        return f"jax.experimental.pallas is not importable ({_IMPORT_ERROR})"
-    return None  # Triton lowering on GPU, the interpreter elsewhere

@@ -19,33 +19,13 @@ so a deployment compiles one kernel per distinct tiling, not per batch size.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 
+from qsa_jax.ops import _triton_support
+from qsa_jax.ops._triton_support import import_jax_triton
 from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem
-
-
-
-def import_jax_triton():
-    """``import jax_triton``, keeping the caller's ``TRITON_CACHE_DIR``.
-
-    jax-triton 0.3.1 sets ``TRITON_CACHE_DIR=""`` at import, after which every
-    torch/Triton kernel launched in the same process (vLLM, the originals)
-    fails with "Could not create or locate cache dir". jax-triton compiles
-    through its own path and does not read that variable, so it is restored.
-    """
-    saved = os.environ.get("TRITON_CACHE_DIR")
-    try:
-        import jax_triton
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = saved
-    return jax_triton
-
 
 try:  # optional dependency: the package must import without it
     _jt = import_jax_triton()
@@ -67,32 +47,7 @@ MERGE_WARPS = 4
 
 def why_not() -> str | None:
     """None when the Triton kernels can run here, else the reason."""
-    if _IMPORT_ERROR is not None:
-        return f"jax-triton/triton is not importable ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR})"
-    return cuda_gpu_reason()
-
-
-@functools.lru_cache(maxsize=None)
-def cuda_gpu_reason() -> str | None:
-    """None when JAX's default backend is an NVIDIA GPU of compute capability >= 8.0."""
-    try:
-        backend = jax.default_backend()
-    except RuntimeError as exc:  # pragma: no cover - no backend at all
-        return f"JAX has no backend ({exc})"
-    if backend not in ("gpu", "cuda"):
-        return f"JAX's default backend is {backend!r}, not a CUDA GPU"
-    device = jax.devices()[0]
-    version = str(getattr(device.client, "platform_version", "")).lower()
-    if "rocm" in version or "hip" in version:
-        return "JAX's GPU backend is ROCm; these kernels are built for CUDA"
-    cc = getattr(device, "compute_capability", None)
-    try:
-        major = int(str(cc).split(".")[0])
-    except ValueError:
-        major = 0
-    if cc is not None and major < 8:
-        return f"the GPU has compute capability {cc}; bf16 tensor-core dots need >= 8.0"
-    return None
+    return _triton_support.why_not(_IMPORT_ERROR)
 
 
 @functools.lru_cache(maxsize=None)

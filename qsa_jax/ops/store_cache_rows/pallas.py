@@ -20,17 +20,7 @@ import jax.numpy as jnp
 
 from qsa_jax.ops.store_cache_rows.base import StoreProblem
 
-try:
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-    _IMPORT_ERROR = None
-except ImportError as exc:  # pragma: no cover
-    pl = plgpu = None
-    _IMPORT_ERROR = exc
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
+from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 
 
 def _kernel(slots_ref, rows_ref, cache_in_ref, cache_ref, *, p: StoreProblem, block_w: int):
@@ -47,26 +37,19 @@ def _kernel(slots_ref, rows_ref, cache_in_ref, cache_ref, *, p: StoreProblem, bl
 
 
 def run(p: StoreProblem, cache, slot_mapping, rows):
-    from qsa_jax._implementations import backend
-
     if p.num_rows == 0:
         return cache
     slots = slot_mapping.reshape(-1).astype(jnp.int32)
     rows2 = rows.reshape(p.num_rows, p.width)
     return pl.pallas_call(
-        functools.partial(_kernel, p=p, block_w=_next_pow2(p.width)),
+        functools.partial(_kernel, p=p, block_w=next_pow2(p.width)),
         out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
         grid=(p.num_rows,),
         in_specs=[pl.no_block_spec] * 3,
         out_specs=pl.no_block_spec,
         input_output_aliases={2: 0},
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-        interpret=backend() != "gpu",
+        interpret=interpret(),
         name="qsa_store_cache_rows",
     )(slots, rows2, cache)
 
-
-def why_not() -> str | None:
-    if _IMPORT_ERROR is not None:
-        return f"jax.experimental.pallas is not importable ({_IMPORT_ERROR})"
-    return None

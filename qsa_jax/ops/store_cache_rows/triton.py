@@ -13,10 +13,10 @@ import jax.numpy as jnp
 
 from qsa_jax.ops.store_cache_rows.base import StoreProblem
 
-try:
-    from qsa_jax.ops.sparse_attention.triton import import_jax_triton
+from qsa_jax.ops import _triton_support
 
-    _jt = import_jax_triton()
+try:
+    _jt = _triton_support.import_jax_triton()
 
     from qsa_jax.ops.store_cache_rows import triton_kernels as _k
 
@@ -30,11 +30,7 @@ NUM_WARPS = 4
 
 
 def why_not() -> str | None:
-    if _IMPORT_ERROR is not None:
-        return f"jax-triton/triton is not importable ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR})"
-    from qsa_jax.ops.sparse_attention.triton import cuda_gpu_reason
-
-    return cuda_gpu_reason()
+    return _triton_support.why_not(_IMPORT_ERROR)
 
 
 def run(p: StoreProblem, cache, slot_mapping, rows):

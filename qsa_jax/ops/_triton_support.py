@@ -1,0 +1,57 @@
+"""What every jax-triton implementation module shares: a safe import and the GPU check."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+
+def import_jax_triton():
+    """``import jax_triton``, keeping the caller's ``TRITON_CACHE_DIR``.
+
+    jax-triton 0.3.1 sets ``TRITON_CACHE_DIR=""`` at import, after which every
+    torch/Triton kernel launched in the same process (vLLM, the originals)
+    fails with "Could not create or locate cache dir". jax-triton compiles
+    through its own path and does not read that variable, so it is restored.
+    """
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    try:
+        import jax_triton
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+    return jax_triton
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_gpu_reason() -> str | None:
+    """None when JAX's default backend is an NVIDIA GPU of compute capability >= 8.0."""
+    try:
+        backend = jax.default_backend()
+    except RuntimeError as exc:  # pragma: no cover - no backend at all
+        return f"JAX has no backend ({exc})"
+    if backend not in ("gpu", "cuda"):
+        return f"JAX's default backend is {backend!r}, not a CUDA GPU"
+    device = jax.devices()[0]
+    version = str(getattr(device.client, "platform_version", "")).lower()
+    if "rocm" in version or "hip" in version:
+        return "JAX's GPU backend is ROCm; these kernels are built for CUDA"
+    cc = getattr(device, "compute_capability", None)
+    try:
+        major = int(str(cc).split(".")[0])
+    except ValueError:
+        major = 0
+    if cc is not None and major < 8:
+        return f"the GPU has compute capability {cc}; bf16 tensor-core dots need >= 8.0"
+    return None
+
+
+def why_not(import_error: Exception | None) -> str | None:
+    """None when a jax-triton module whose import raised ``import_error`` can run here."""
+    if import_error is not None:
+        return f"jax-triton/triton is not importable ({type(import_error).__name__}: {import_error})"
+    return cuda_gpu_reason()
