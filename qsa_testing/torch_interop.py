@@ -38,3 +38,12 @@ def torch_to_jax(t):
 def kv_views(kv_cache, head_dim: int):
     """vLLM's K/V: strided views of the fused [NB, Hk, P, 2D] buffer."""
     return kv_cache.transpose(1, 2).split(head_dim, dim=-1)
+
+
+def random_kv_pool(geometry, num_pages: int, seed: int, device="cuda"):
+    """A fused ``[NB, Hk, P, 2D]`` bf16 page pool of normal values, drawn on ``device``."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shape = (num_pages, geometry.num_kv_heads, geometry.page_size, 2 * geometry.head_dim)
+    return torch.randn(shape, device=device, dtype=torch.bfloat16, generator=gen)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-import qsa_jax
 from qsa_jax.config import select_config as _qsa_select_config
 
 from qsa_torch_shim import _interop as I

@@ -14,7 +14,7 @@ import pytest
 from qsa_jax import arg_specs
 from qsa_testing import cases as C
 from qsa_testing.agreement import assert_agrees
-from qsa_testing.torch_interop import kv_views, to_numpy, to_torch, torch_to_jax
+from qsa_testing.torch_interop import kv_views, random_kv_pool, to_numpy, to_torch, torch_to_jax
 
 pytestmark = pytest.mark.gpu
 
@@ -43,9 +43,7 @@ def pool(request):
     import torch
 
     g = arg_specs.GEOMETRIES[request.param]
-    gen = torch.Generator(device="cuda").manual_seed(1234)
-    kv = torch.randn((POOL_PAGES[g.name], g.num_kv_heads, g.page_size, 2 * g.head_dim),
-                     device="cuda", dtype=torch.bfloat16, generator=gen)
+    kv = random_kv_pool(g, POOL_PAGES[g.name], seed=1234)
     yield g, kv
     del kv
     torch.cuda.empty_cache()

@@ -26,7 +26,7 @@ from qsa_torch_shim import _interop as I
 from qsa_testing import cases as C
 from qsa_testing import golden, oracle
 from qsa_testing.agreement import assert_agrees
-from qsa_testing.torch_interop import kv_views, to_numpy, to_torch
+from qsa_testing.torch_interop import kv_views, random_kv_pool, to_numpy, to_torch
 
 SPARSE = golden.sparse_attention_cases()
 COMPRESS = golden.compress_cases()
@@ -481,9 +481,7 @@ def gpu_pool(request):
     from qsa_jax import arg_specs
 
     g = arg_specs.GEOMETRIES[request.param]
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    kv = torch.randn((POOL_PAGES[g.name], g.num_kv_heads, g.page_size, 2 * g.head_dim),
-                     device="cuda", dtype=torch.bfloat16, generator=gen)
+    kv = random_kv_pool(g, POOL_PAGES[g.name], seed=7)
     yield g, kv
     del kv
     I.clear_import_cache()

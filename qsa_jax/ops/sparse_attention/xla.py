@@ -12,7 +12,6 @@ values, never the whole selection.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
