@@ -225,3 +225,33 @@ def test_gpu_pallas_matches_xla(rows):
         got = np.asarray(qsa_jax.sparse_attention(*args, implementation="pallas"))
         want = np.asarray(qsa_jax.sparse_attention(*args, implementation="xla"))
         assert_agrees(got, want, what=f"gpu pallas rows={rows}")
+
+
+def test_cache_past_int32_elements_is_addressed_in_64_bits(cuda_lowering, monkeypatch, capsys):
+    """A real KV cache is tens of GB: K/V addresses must be computed in 64 bits.
+
+    The Triton IR that Pallas emits (``debug=True``) for a cache of more than
+    2**31 elements must gather K and V through i64 offsets.
+    """
+    import jax._src.pallas.pallas_call as pallas_call_module
+
+    from qsa_jax.ops.sparse_attention import base, pallas
+
+    original = pallas_call_module.pallas_call
+    monkeypatch.setattr(pallas.pl, "pallas_call", lambda *a, **k: original(*a, **{**k, "debug": True}))
+    nb, hk, p, d, heads, w, rows = 2000, 2, 1600, 256, 24, 2051, 2048
+    assert nb * hk * p * 2 * d > 2**31
+    q = jax.ShapeDtypeStruct((rows, heads, d), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((nb, hk, p, 2 * d), jnp.bfloat16)
+    li = jax.ShapeDtypeStruct((rows, w + 1), jnp.int32)
+    bt = jax.ShapeDtypeStruct((rows, 41), jnp.int32)
+    tr = jax.ShapeDtypeStruct((rows,), jnp.int32)
+    problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False, config=None)
+    capsys.readouterr()
+    cuda_lowering(lambda *a: pallas.run(problem, *a), q, (kv,), li, bt, tr, q)
+    ttir = capsys.readouterr().out
+    kv_loads = [line for line in ttir.splitlines()
+                if "tt.addptr" in line and "x!tt.ptr<bf16>>" in line and "masked_load" in line]
+    assert len(kv_loads) == 2, kv_loads  # one K gather, one V gather per tile
+    for line in kv_loads:
+        assert re.search(r"tensor<\d+x\d+xi64>", line), line
