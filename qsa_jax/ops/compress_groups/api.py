@@ -7,9 +7,17 @@ import functools
 import jax
 
 from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.compress_groups.base import CompressProblem, check_compress_args
 
 _REGISTRY = REGISTRIES["compress_groups_with_ratio"]
+
+
+@memoised
+def _plan(*arrays, compress_ratio, implementation) -> tuple[CompressProblem, str]:
+    """Checks + implementation choice: pure functions of static metadata."""
+    *tensors, rope_cache = arrays
+    return check_compress_args(*tensors, compress_ratio, rope_cache), _REGISTRY.choose(implementation)
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"))
@@ -35,10 +43,10 @@ def compress_groups_with_ratio(
     ``rope_cache``, e - C + 1 three times), in ``raw_positions``' dtype. Invalid
     rows give zeros in both.
     """
-    problem = check_compress_args(raw_keys, raw_positions, compressor_state_cache,
-                                  compressor_state_block_table, token_to_req, query_start_loc,
-                                  logical_positions, compressed_slots, compress_ratio, rope_cache)
-    name = _REGISTRY.choose(implementation)
+    problem, name = _plan(raw_keys, raw_positions, compressor_state_cache,
+                          compressor_state_block_table, token_to_req, query_start_loc,
+                          logical_positions, compressed_slots, rope_cache,
+                          compress_ratio=compress_ratio, implementation=implementation)
     return _run(raw_keys, raw_positions, compressor_state_cache, compressor_state_block_table,
                 token_to_req, query_start_loc, logical_positions, compressed_slots, rope_cache,
                 problem=problem, implementation=name)

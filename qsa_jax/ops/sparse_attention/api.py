@@ -8,9 +8,20 @@ from typing import Sequence
 import jax
 
 from qsa_jax._implementations import REGISTRIES
-from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem, as_kv_layout, check_sparse_attention_args
+from qsa_jax.ops._memo import memoised
+from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem, check_sparse_attention_args
 
 _REGISTRY = REGISTRIES["sparse_attention"]
+
+
+@memoised
+def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
+          use_prefill_config, config, implementation) -> tuple[SparseAttentionProblem, str]:
+    """Checks + config + implementation choice: pure functions of static metadata."""
+    problem = check_sparse_attention_args(
+        q, kv, logical_indices, block_table, token_to_req, output_gate,
+        use_prefill_config=use_prefill_config, config=config)
+    return problem, _REGISTRY.choose(implementation)
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"))
@@ -51,10 +62,10 @@ def sparse_attention(
     Returns:
       [R, H, D] bf16.
     """
-    problem = check_sparse_attention_args(
-        q, kv, logical_indices, block_table, token_to_req, output_gate,
-        use_prefill_config=use_prefill_config, config=config)
-    name = _REGISTRY.choose(implementation)
-    _, kv_arrays = as_kv_layout(kv)
+    problem, name = _plan(q, kv, logical_indices, block_table, token_to_req, output_gate,
+                          use_prefill_config=bool(use_prefill_config),
+                          config=None if config is None else tuple(config),
+                          implementation=implementation)
+    kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
     return _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
                 problem=problem, implementation=name)

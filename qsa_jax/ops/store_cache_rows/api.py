@@ -7,9 +7,16 @@ import functools
 import jax
 
 from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.store_cache_rows.base import StoreProblem, check_store_args
 
 _REGISTRY = REGISTRIES["store_cache_rows"]
+
+
+@memoised
+def _plan(cache, slot_mapping, rows, *, implementation) -> tuple[StoreProblem, str]:
+    """Checks + implementation choice: pure functions of static metadata."""
+    return check_store_args(cache, slot_mapping, rows), _REGISTRY.choose(implementation)
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"), donate_argnums=(0,))
@@ -34,7 +41,6 @@ def store_cache_rows(cache, slot_mapping, rows, *, donate: bool = False,
     donate the cache there instead. If two rows target the same slot, which
     one lands is unspecified (as in the originals).
     """
-    problem = check_store_args(cache, slot_mapping, rows)
-    name = _REGISTRY.choose(implementation)
+    problem, name = _plan(cache, slot_mapping, rows, implementation=implementation)
     run = _run_donated if donate else _run
     return run(cache, slot_mapping, rows, problem=problem, implementation=name)

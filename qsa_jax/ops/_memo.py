@@ -1,0 +1,52 @@
+"""Argument checks run once per call signature, not once per call.
+
+The checks depend only on static metadata (shapes, dtypes, flags), so the
+public functions memoise their result — the static problem description and
+the chosen implementation — keyed on that metadata. A repeated eager call
+then costs a dictionary lookup instead of the checks (tens of µs of Python).
+Failures are not memoised: bad arguments raise on every call.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+
+def spec(x):
+    """Static metadata of an array-like (NumPy, JAX, tracer, ShapeDtypeStruct); None stays None."""
+    if x is None:
+        return None
+    if isinstance(x, (tuple, list)):
+        return ("seq",) + tuple(spec(a) for a in x)
+    return (tuple(x.shape), x.dtype)
+
+
+def stand_in(s):
+    """An object with the same static metadata as the one ``s`` was taken from."""
+    if s is None:
+        return None
+    if s[0] == "seq":
+        return tuple(stand_in(a) for a in s[1:])
+    return jax.ShapeDtypeStruct(*s)
+
+
+def memoised(check):
+    """Wrap ``check(*arrays, **static)`` so it runs once per (array specs, static args)."""
+
+    @functools.lru_cache(maxsize=4096)
+    def cached(specs, static):
+        return check(*(stand_in(s) for s in specs), **dict(static))
+
+    def call(*arrays, **static):
+        try:
+            specs = tuple(spec(a) for a in arrays)
+            key_static = tuple(sorted(static.items()))
+            hash(key_static)
+        except (AttributeError, TypeError):  # not array-like / unhashable: check directly
+            return check(*arrays, **static)
+        return cached(specs, key_static)
+
+    call.cache_clear = cached.cache_clear
+    return call
