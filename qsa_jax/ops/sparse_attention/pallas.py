@@ -22,9 +22,10 @@ Design choices (and why):
   compute exactly head G-1's result, and store it to head G-1's address.
   Duplicate stores of identical values are harmless and no mask is needed.
   The same trick covers selection columns past W and splits past S.
-* Invalid entries: the cache row is clamped to row 0 (always in range) and the
-  loaded K/V are zeroed with ``jnp.where`` -- never by a multiply, because
-  unreferenced pages may hold NaN and NaN * 0 = NaN.
+* Invalid entries: the cache row is clamped to row 0 (always in range); on GPU
+  the gather is a masked load (``other=0``), in interpret mode the loaded K/V
+  are zeroed with ``jnp.where`` -- never by a multiply, because unreferenced
+  pages may hold NaN and NaN * 0 = NaN.
 * K is gathered straight into a [D, BN] tile (the addresses put D on axis 0),
   so Q.K^T is a plain [M, D] x [D, BN] dot with no transpose op, and the
   [M, BN] scores feed P.V directly. (DESIGN.md section 7 suggests K.q^T; on
@@ -40,10 +41,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, MASKED_SCORE, SparseAttentionProblem, head_row_stride)
-
-from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 
 # Triton's software pipelining of the tile loop. DESIGN.md section 7: 3 stages
 # were always worse than 2 on Hopper; the originals use 2.
