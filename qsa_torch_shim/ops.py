@@ -362,7 +362,7 @@ def qsa_compress_groups_with_ratio(
     *,
     implementation: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pool completed groups from the ring and this step's raw rows (drop-in).
+    """Mean-pool each row's finished group of indexer keys: ring members plus this step's raw rows (drop-in).
 
     Returns ``(pooled [rows, 1, head_size] in raw_keys' dtype, first_positions
     [rows, 3] int64)``. int64 positions stay exact over the whole int64 range.
