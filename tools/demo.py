@@ -75,9 +75,11 @@ def cpu_demo(rows_list=(1, 8, 64), width_blocks=64, page_size=64) -> int:
             err = rel_frobenius(np.asarray(out), ref)
             ok = err <= 1e-3 and not np.isnan(np.asarray(out, np.float32)).any()
             failures += not ok
-            print(f"{rows:5d} {impl:8} {str(tuple(cfg)):22} {err:18.2e} {first:13.2f} {steady:10.2f}"
+            label = "pallas-i" if impl == "pallas" else impl  # the Pallas interpreter, not a kernel
+            print(f"{rows:5d} {label:8} {str(tuple(cfg)):22} {err:18.2e} {first:13.2f} {steady:10.2f}"
                   f"{'' if ok else '  FAIL'}")
-    print("\nCorrectness bar: relative Frobenius error <= 1e-3 vs the float64 oracle, no NaN "
+    print("\npallas-i = Pallas in interpret mode (a CPU emulation of the kernel: correct, not fast).")
+    print("Correctness bar: relative Frobenius error <= 1e-3 vs the float64 oracle, no NaN "
           "(unreferenced cache rows hold NaN).")
     print("For speed, run this on a CUDA GPU: it then runs the benchmark (bench/run.py).")
     return 1 if failures else 0
