@@ -55,3 +55,17 @@ def why_not(import_error: Exception | None) -> str | None:
     if import_error is not None:
         return f"jax-triton/triton is not importable ({type(import_error).__name__}: {import_error})"
     return cuda_gpu_reason()
+
+
+def load_kernels(module: str):
+    """``(jax_triton, kernels module, None)``, or ``(None, None, error)`` when either cannot load.
+
+    jax-triton is optional: the package must import without it (or without a
+    working triton), and the implementation then reports why it cannot run.
+    """
+    try:
+        import importlib
+
+        return import_jax_triton(), importlib.import_module(module), None
+    except Exception as exc:  # ImportError, or a broken triton install
+        return None, None, exc

@@ -5,19 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from qsa_jax.ops import _triton_support
 from qsa_jax.ops.compress_groups.base import CompressProblem
 
-from qsa_jax.ops import _triton_support
-
-try:
-    _jt = _triton_support.import_jax_triton()
-
-    from qsa_jax.ops.compress_groups import triton_kernels as _k
-
-    _IMPORT_ERROR: Exception | None = None
-except Exception as exc:
-    _jt = _k = None
-    _IMPORT_ERROR = exc
+_jt, _k, _IMPORT_ERROR = _triton_support.load_kernels("qsa_jax.ops.compress_groups.triton_kernels")
 
 NUM_WARPS = 1  # Dk = 128 bf16: one warp moves a row in one 8-byte access per lane
 

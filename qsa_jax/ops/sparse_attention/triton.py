@@ -24,19 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from qsa_jax.ops import _triton_support
-from qsa_jax.ops._triton_support import import_jax_triton
 from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem
 
-try:  # optional dependency: the package must import without it
-    _jt = import_jax_triton()
-    import triton as _triton
-
-    from qsa_jax.ops.sparse_attention import triton_kernels as _k
-
-    _IMPORT_ERROR: Exception | None = None
-except Exception as exc:  # ImportError, or a broken triton install
-    _jt = _triton = _k = None
-    _IMPORT_ERROR = exc
+# Optional dependency: the package must import without jax-triton.
+_jt, _k, _IMPORT_ERROR = _triton_support.load_kernels("qsa_jax.ops.sparse_attention.triton_kernels")
 
 # Extra kernel knobs that are not part of SparseAttentionConfig (no effect on numerics).
 NUM_STAGES = 2  # 1 and 3 measured slower at every shape (notes/triton.md)

@@ -11,19 +11,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from qsa_jax.ops import _triton_support
 from qsa_jax.ops.store_cache_rows.base import StoreProblem
 
-from qsa_jax.ops import _triton_support
-
-try:
-    _jt = _triton_support.import_jax_triton()
-
-    from qsa_jax.ops.store_cache_rows import triton_kernels as _k
-
-    _IMPORT_ERROR: Exception | None = None
-except Exception as exc:
-    _jt = _k = None
-    _IMPORT_ERROR = exc
+_jt, _k, _IMPORT_ERROR = _triton_support.load_kernels("qsa_jax.ops.store_cache_rows.triton_kernels")
 
 ROWS_PER_PROGRAM = 4
 NUM_WARPS = 4
