@@ -310,6 +310,27 @@ def main(argv=None) -> int:
     return 0
 
 
+def _record_error(rec, exc):
+    """Keep a failing measurement in the results (flagged), with its traceback."""
+    rec["error"] = "".join(traceback.format_exception_only(type(exc), exc))
+    rec["traceback"] = traceback.format_exc(limit=8)
+
+
+def _close_record(ctx, rec, t_rec, baseline, emit, label):
+    """Finish one record: rates against the original, emit, progress. Returns the baseline.
+
+    The original runs first in every case; its (device_s, eager_s) become the
+    baseline of the implementations that follow.
+    """
+    if rec["impl"] == "original":
+        baseline = (rec.get("device_s"), rec.get("eager_s"))
+    rec["wall_s"] = time.perf_counter() - t_rec
+    _rates(ctx, rec, *baseline)
+    emit(rec)
+    ctx["progress"].step(label)
+    return baseline
+
+
 # --- sparse attention ------------------------------------------------------------------
 
 
@@ -386,7 +407,7 @@ def run_sparse_geometry(ctx, geo, rows_list, flags_for, impls, seed, emit):
                 t_pre = time.perf_counter()
                 pre = _prepare_jax(ctx, impls, functools.partial(_sparse_jax_fns, ctx, kv, inp, flag))
                 pre_s = time.perf_counter() - t_pre
-                orig_dev = orig_eager = None
+                baseline = (None, None)  # the original's (device_s, eager_s)
                 for impl in impls:
                     rec = {"op": "sparse_attention", "geometry": geo.name, "rows": rows,
                            "use_prefill_config": flag, "impl": impl, "config": list(cfg),
@@ -408,14 +429,9 @@ def run_sparse_geometry(ctx, geo, rows_list, flags_for, impls, seed, emit):
                             rec["check"] = _check(ctx, got, ref, ref_name)
                         del got
                     except Exception as exc:
-                        rec["error"] = "".join(traceback.format_exception_only(type(exc), exc))
-                        rec["traceback"] = traceback.format_exc(limit=8)
-                    if impl == "original":
-                        orig_dev, orig_eager = rec.get("device_s"), rec.get("eager_s")
-                    rec["wall_s"] = time.perf_counter() - t_rec
-                    _rates(ctx, rec, orig_dev, orig_eager)
-                    emit(rec)
-                    ctx["progress"].step(f"{geo.name} rows={rows}{' prefill' if flag else ''} {impl}")
+                        _record_error(rec, exc)
+                    baseline = _close_record(ctx, rec, t_rec, baseline, emit,
+                                             f"{geo.name} rows={rows}{' prefill' if flag else ''} {impl}")
             del inp, tt
     finally:
         del kv, kv_t
@@ -612,7 +628,7 @@ def run_indexer_case(ctx, op, ring, n, impls, seed, emit):
         sets_j = [(jax.numpy.asarray(a), jax.numpy.asarray(b)) for a, b in sets_np]
         pre = _prepare_jax(ctx, impls, functools.partial(_store_jax_fns, ctx, cache_np, sets_j))
     pre_s = time.perf_counter() - t_pre
-    orig_dev = orig_eager = None
+    baseline = (None, None)  # the original's (device_s, eager_s)
     for impl in impls:
         t_rec = time.perf_counter()
         rec = {"op": op, "ring": ring, "rows": n, "impl": impl, "bytes_per_call": nbytes, "geometry": f"ring{ring}"}
@@ -631,14 +647,9 @@ def run_indexer_case(ctx, op, ring, n, impls, seed, emit):
             else:
                 rec["check"] = _check_exact(ctx, got, ref, ref_name)
         except Exception as exc:
-            rec["error"] = "".join(traceback.format_exception_only(type(exc), exc))
-            rec["traceback"] = traceback.format_exc(limit=8)
-        if impl == "original":
-            orig_dev, orig_eager = rec.get("device_s"), rec.get("eager_s")
-        rec["wall_s"] = time.perf_counter() - t_rec
-        _rates(ctx, rec, orig_dev, orig_eager)
-        emit(rec)
-        ctx["progress"].step(f"{op.split('_')[0]} ring={ring} rows={n} {impl}")
+            _record_error(rec, exc)
+        baseline = _close_record(ctx, rec, t_rec, baseline, emit,
+                                 f"{op.split('_')[0]} ring={ring} rows={n} {impl}")
 
 
 def _check_exact(ctx, got, ref, ref_name):
