@@ -131,8 +131,36 @@ def markdown(results: dict) -> str:
     if sm.get("errors") or sm.get("check_failures"):
         out += [f"**{sm.get('errors', 0)} case(s) raised and {sm.get('check_failures', 0)} failed the check "
                 "(marked in the table).**", ""]
-    out += ["## Summary", "", summarize.summary_table(results), "", "## All cases", "", table(results), ""]
+    out += ["## Summary", "", summarize.summary_table(results), ""]
+    eager = eager_table(results)
+    if eager:
+        out += ["## Host cost: eager call of the shim vs the original", "",
+                "Wall time of one call from Python plus a device sync (median). *seen*: every tensor "
+                "object was passed before (a serving loop's persistent buffers); *new tensors*: q, the "
+                "gate and the indices are objects never seen before (vLLM's activations).", "",
+                eager, ""]
+    out += ["## All cases", "", table(results), ""]
     return "\n".join(out)
+
+
+def eager_table(results: dict) -> str:
+    """original vs shim eager latency per sparse-attention case ('' when the run has no shim)."""
+    by_case: dict = {}
+    for r in results["results"]:
+        if r["op"] == "sparse_attention" and r["impl"] in ("original", "shim") and r.get("eager_s"):
+            by_case.setdefault((r["geometry"], r["rows"], bool(r.get("use_prefill_config"))), {})[r["impl"]] = r
+    rows = [(k, v) for k, v in by_case.items() if "shim" in v]
+    if not rows:
+        return ""
+    lines = ["| where | rows | prefill cfg | original µs | shim µs (seen) | × original | "
+             "shim µs (new tensors) | × original |", "|" + "---|" * 8]
+    for (geo, n, flag), v in rows:
+        o = v.get("original", {}).get("eager_s")
+        s, f = v["shim"]["eager_s"], v["shim"].get("eager_new_tensors_s")
+        ratio = lambda x: f"{x / o:.2f}" if (o and x) else ""  # noqa: E731
+        lines.append(f"| {geo} | {n} | {'yes' if flag else ''} | {_us(o)} | {_us(s)} | {ratio(s)} "
+                     f"| {_us(f)} | {ratio(f)} |")
+    return "\n".join(lines)
 
 
 def plot(results: dict, path: pathlib.Path, op_kind: str) -> pathlib.Path | None:

@@ -41,9 +41,13 @@ def _alignment(t: torch.Tensor) -> int:
     return 16 if t.is_cuda else 64
 
 
+def is_aligned(t: torch.Tensor) -> bool:
+    return t.numel() == 0 or t.data_ptr() % _alignment(t) == 0
+
+
 def is_importable(t: torch.Tensor) -> bool:
     """True when JAX can alias ``t`` directly (compact and aligned)."""
-    return t.is_contiguous() and (t.numel() == 0 or t.data_ptr() % _alignment(t) == 0)
+    return t.is_contiguous() and is_aligned(t)
 
 
 def warn_copy(name: str, why: str, stacklevel: int = 4) -> None:
@@ -130,12 +134,12 @@ def int_words(t: torch.Tensor, name: str) -> tuple[jax.Array, bool]:
         t = importable(t, name, large=False)
         if t.ndim == 0:
             t = t.reshape(1)
-        return to_jax(t.view(torch.int32)), True
+        return import_arg(t.view(torch.int32), name, large=False), True
     if t.dtype != torch.int32:
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
             raise TypeError(f"qsa_torch_shim: {name} must be an integer tensor; got {t.dtype}")
         t = t.to(torch.int32)
-    return to_jax(importable(t, name, large=False)), False
+    return import_arg(t, name, large=False), False
 
 
 def words_to_int64_tensor(a: jax.Array) -> torch.Tensor:
@@ -146,11 +150,14 @@ def words_to_int64_tensor(a: jax.Array) -> torch.Tensor:
 
 # --- vLLM's fused K/V buffer -----------------------------------------------------------
 
-def fused_kv_base(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-    """The ``[NB, Hk, P, 2D]`` buffer that ``k, v`` are the split views of, or None.
+def fused_kv_shape(k: torch.Tensor, v: torch.Tensor) -> tuple[tuple, tuple] | None:
+    """(shape, strides) of the ``[NB, Hk, P, 2D]`` buffer that ``k, v`` are the split
+    views of, or None.
 
     Accepted only when ``k, v == base.transpose(1, 2).split(D, -1)`` exactly:
-    same storage, V starting D elements after K, and the fused strides.
+    same storage, V starting D elements after K, the fused strides, and the
+    whole fused extent inside the storage. Attribute reads only (cheap enough
+    for every call); ``fused_kv_base`` builds the buffer.
     """
     if k.ndim != 4 or k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
         return None
@@ -164,12 +171,19 @@ def fused_kv_base(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
             return None
     if v.storage_offset() != k.storage_offset() + d:
         return None
-    if k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
+    storage = k.untyped_storage()
+    if storage.data_ptr() != v.untyped_storage().data_ptr():
         return None
-    try:
-        return alias(k, (nb, hk, p, 2 * d), (hk * p * 2 * d, p * 2 * d, 2 * d, 1))
-    except RuntimeError:  # the fused extent does not fit the storage
+    if (k.storage_offset() + nb * hk * p * 2 * d) * k.element_size() > storage.nbytes():
         return None
+    return (nb, hk, p, 2 * d), (hk * p * 2 * d, p * 2 * d, 2 * d, 1)
+
+
+def fused_kv_base(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """The ``[NB, Hk, P, 2D]`` buffer that ``k, v`` are the split views of (a storage
+    alias, see ``alias``), or None."""
+    layout = fused_kv_shape(k, v)
+    return None if layout is None else alias(k, *layout)
 
 
 def alias(t: torch.Tensor, shape=None, stride=None) -> torch.Tensor:
@@ -185,51 +199,54 @@ def alias(t: torch.Tensor, shape=None, stride=None) -> torch.Tensor:
         t.untyped_storage(), t.storage_offset(), shape, stride)
 
 
-# --- imports of persistent buffers ---------------------------------------------------------
+# --- imports of long-lived buffers, and the per-call stream fence ------------------------
+
+def _view_key(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
 
 class PersistentImports:
-    """Cache of JAX imports of long-lived torch buffers (the KV cache).
+    """Cache of JAX imports of torch tensors, valid for as long as the tensor object lives.
 
-    An import costs 20-90 µs of host time; the KV cache is the same buffer on
-    every call. Correctness of the cache:
+    An import costs 20-90 µs of host time on a GPU (DESIGN.md §4), and most
+    tensors a serving loop passes are the same objects every step: the KV
+    cache, and the metadata buffers (or fixed slices of them). Correctness:
 
-    * The key is the exact memory view (data pointer, shape, strides, dtype,
-      device), so a different view or buffer is a miss.
-    * Entries hold the JAX array, whose DLPack capsule keeps the torch storage
-      alive: while an entry exists its address cannot be reused by another
-      allocation, so a hit always refers to the same live memory. The JAX
-      array aliases that memory, so torch's in-place writes (new K/V) are seen.
-    * An entry is dropped (releasing the storage) when the Python tensor it
-      was imported for (the root ``_base`` of the views) is garbage collected,
-      or by ``clear()``. So the cache never keeps a freed KV cache alive
-      longer than the user's own tensor object.
-    * Stream order: a cached import skips the ``__dlpack__`` handshake; the
-      per-call imports of the other arguments (q, ...) make JAX's stream wait
-      for everything already queued on torch's current stream, which covers
-      writes into the cached buffer queued before the call.
+    * The key is the exact memory view of every tensor the import depends on
+      (data pointer, shape, strides, dtype, device) plus the identity of the
+      user's root tensor object (the ``_base`` of a view), so another view,
+      buffer or object is a miss.
+    * The cached JAX array aliases the torch memory (it imports a storage
+      alias made by ``alias``, never an autograd view, which would pin the
+      user's Python object forever), so torch's in-place writes are seen.
+    * The entry is dropped, releasing the storage reference, when the user's
+      root tensor object is garbage collected (weakref callback), or by
+      ``clear()``. It never keeps memory alive longer than the user's object.
+    * Stream order: a cached array's definition event is old, so it orders
+      nothing. Each call therefore imports one tensor *fresh* (the donated
+      ``out``/cache, or ``stream_fence``): that import makes JAX's stream wait
+      for everything torch queued on its current stream, including writes into
+      the cached buffers, and the jitted call waits for that import.
     """
 
-    def __init__(self, max_entries: int = 512):
+    def __init__(self, max_entries: int = 1024):
         self._entries: dict[tuple, tuple[weakref.ref, jax.Array]] = {}
         self._lock = threading.Lock()
         self.max_entries = max_entries
         self.hits = 0
         self.misses = 0
 
-    @staticmethod
-    def key(t: torch.Tensor) -> tuple:
-        return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
-
-    def get(self, t: torch.Tensor, owner: torch.Tensor) -> jax.Array:
-        """Import of ``t`` (importable), cached for as long as ``owner`` lives."""
+    def get(self, key_tensors: tuple, owner: torch.Tensor, make) -> jax.Array:
+        """The cached import of ``make()`` (an importable tensor), keyed on ``key_tensors``'
+        memory views and cached for as long as ``owner``'s root tensor object lives."""
         root = owner._base if owner._base is not None else owner
-        key = self.key(t) + (id(root),)
+        key = tuple(_view_key(t) for t in key_tensors) + (id(root),)
         entry = self._entries.get(key)
         if entry is not None and entry[0]() is root:
             self.hits += 1
             return entry[1]
         self.misses += 1
-        array = to_jax(t)
+        array = to_jax(make())
 
         def _drop(_ref, key=key, entries=self._entries):
             entries.pop(key, None)
@@ -252,5 +269,33 @@ PERSISTENT = PersistentImports()
 
 
 def clear_import_cache() -> None:
-    """Forget every cached import of a persistent buffer (releases their storage)."""
+    """Forget every cached import (releases the storage references they hold)."""
     PERSISTENT.clear()
+
+
+def import_arg(t: torch.Tensor, name: str, *, large: bool = True) -> jax.Array:
+    """JAX view of ``t`` for one call: the cached import when ``t`` can be aliased,
+    else a fresh import of a compact copy (with ``ShimCopyWarning`` if ``large``)."""
+    if is_importable(t):
+        return PERSISTENT.get((t,), t, lambda: alias(t))
+    return to_jax(importable(t, name, large=large))
+
+
+_FENCES: dict[torch.device, torch.Tensor] = {}
+
+
+def stream_fence(device: torch.device) -> jax.Array | None:
+    """A fresh import of a one-element tensor: the per-call stream fence.
+
+    Pass it to the jitted call as an argument the call keeps
+    (``keep_unused=True``): PJRT starts a computation only after every
+    argument's definition event, and a fresh import's definition event follows
+    a wait on torch's current stream. None on CPU, where torch's writes are
+    finished when the call is made.
+    """
+    if device.type != "cuda":
+        return None
+    fence = _FENCES.get(device)
+    if fence is None:
+        fence = _FENCES[device] = torch.zeros((1,), dtype=torch.int32, device=device)
+    return to_jax(fence)

@@ -64,7 +64,15 @@ def _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gat
                                     implementation=implementation)
 
 
-sparse_new = jax.jit(_sparse, static_argnames=("use_prefill_config", "implementation"))
+@functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation"),
+                   keep_unused=True)
+def sparse_new(fence, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
+               use_prefill_config, implementation):
+    # ``fence``: a fresh per-call import (or None on CPU) that orders this call after
+    # torch's pending writes (``_interop.stream_fence``); keep_unused keeps it a parameter.
+    del fence
+    return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+                   use_prefill_config=use_prefill_config, implementation=implementation)
 
 
 @functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation"),
@@ -152,11 +160,13 @@ def _exact_end_positions(e, is_words: bool, ring_size: int, ratio: int):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "ring_layout", "rope_mode", "words", "compress_ratio", "implementation"))
-def compress(raw_keys, raw_positions, ring, rope, block_table, token_to_req, query_start_loc,
+    "ring_layout", "rope_mode", "words", "compress_ratio", "implementation"), keep_unused=True)
+def compress(fence, raw_keys, raw_positions, ring, rope, block_table, token_to_req, query_start_loc,
              logical_positions, compressed_slots, *, ring_layout, rope_mode, words,
              compress_ratio, implementation):
     """Returns (pooled [R,1,Dk], first position words [R,3,2] int32).
+
+    ``fence``: the per-call stream fence (see ``sparse_new``), unused.
 
     ``raw_positions`` are int32 words [R,1,6] of the int64 positions; ``rope``
     the int32 words [Bs,S,1,6] of the rope ring, or None. ``rope_mode``:

@@ -103,17 +103,15 @@ def _check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_re
 
 
 def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
-    """(JAX arrays for qsa_jax's ``kv``): the fused buffer when k/v are its views."""
-    base = I.fused_kv_base(k_cache, v_cache)
-    if base is not None and I.is_importable(base):
-        return (I.PERSISTENT.get(base, k_cache),)
-    arrays = []
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if I.is_importable(t):
-            arrays.append(I.PERSISTENT.get(I.alias(t), t))
-        else:
-            arrays.append(I.to_jax(I.importable(t, name)))
-    return tuple(arrays)
+    """(JAX arrays for qsa_jax's ``kv``): the fused buffer when k/v are its views.
+
+    Both are cached imports (``_interop.PersistentImports``): the KV cache is
+    the same buffer on every call.
+    """
+    if I.fused_kv_shape(k_cache, v_cache) is not None and I.is_aligned(k_cache):
+        return (I.PERSISTENT.get((k_cache, v_cache), k_cache,
+                                 lambda: I.fused_kv_base(k_cache, v_cache)),)
+    return (I.import_arg(k_cache, "k_cache"), I.import_arg(v_cache, "v_cache"))
 
 
 def _write_back(result, dest: torch.Tensor, what: str) -> torch.Tensor:
@@ -141,19 +139,25 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     if not q.shape[0]:
         return torch.empty_like(q) if out is None else out
     kv = _kv_arrays(k_cache, v_cache)
-    args = (I.to_jax(I.importable(q, "q")), kv, I.to_jax(I.importable(logical_indices, "logical_indices", large=False)),
-            I.to_jax(I.importable(block_table, "block_table", large=False)),
-            I.to_jax(I.importable(token_to_req, "token_to_req", large=False)),
-            I.to_jax(I.importable(gate, "output_gate")))
+    # Every input is a cached import (the same tensor objects recur each step);
+    # the stream order comes from one fresh import per call: the donated ``out``,
+    # or the fence (see ``_interop.PersistentImports``).
+    args = (I.import_arg(q, "q"), kv,
+            I.import_arg(logical_indices, "logical_indices", large=False),
+            I.import_arg(block_table, "block_table", large=False),
+            I.import_arg(token_to_req, "token_to_req", large=False),
+            I.import_arg(gate, "output_gate"))
     flag = bool(use_prefill_config)
-    if out is None:
-        return I.to_torch(J.sparse_new(*args, use_prefill_config=flag, implementation=implementation))
-    if I.is_importable(out):
+    if out is not None and I.is_importable(out):
         result = J.sparse_into(I.to_jax(out), *args, use_prefill_config=flag,
                                implementation=implementation)
         return _write_back(result, out, "out")
+    result = I.to_torch(J.sparse_new(I.stream_fence(q.device), *args, use_prefill_config=flag,
+                                     implementation=implementation))
+    if out is None:
+        return result
     I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
-    out.copy_(I.to_torch(J.sparse_new(*args, use_prefill_config=flag, implementation=implementation)))
+    out.copy_(result)
     return out
 
 
@@ -212,7 +216,7 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
     if not rows.shape[0]:
         return
     slots, slot_words = I.int_words(slot_mapping.reshape(-1), "slot_mapping")
-    rows_j = I.to_jax(I.importable(rows, "rows"))
+    rows_j = I.import_arg(rows, "rows")  # cached; the donated cache's fresh import is the fence
     if I.is_importable(cache):
         result = J.store_into(I.to_jax(cache), slots, rows_j, slots_are_words=slot_words,
                               implementation=implementation)
@@ -324,12 +328,11 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
     packed = None if rope_cache is None else _packed_ring(compressor_state_cache, rope_cache)
     if packed is not None and I.is_importable(packed[0]):
         base, offset = packed
-        ring = I.PERSISTENT.get(base, compressor_state_cache)
+        ring = I.PERSISTENT.get((base,), compressor_state_cache, lambda: base)
         ring_layout, rope_mode = (compressor_state_cache.shape[3], offset), "packed"
     else:
         cs = compressor_state_cache
-        ring = (I.PERSISTENT.get(I.alias(cs), cs) if I.is_importable(cs)
-                else I.to_jax(I.importable(cs, "compressor_state_cache")))
+        ring = I.import_arg(cs, "compressor_state_cache")
         rope_mode = "none"
         if rope_cache is not None:
             rope_words, _ = I.int_words(rope_cache, "rope_cache")
@@ -341,7 +344,7 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
     lp, lp_w = I.int_words(logical_positions, "logical_positions")
     slots, cs_w = I.int_words(compressed_slots, "compressed_slots")
     pooled, first = J.compress(
-        I.to_jax(I.importable(raw_keys, "raw_keys")), positions, ring, rope_words, bt, ttr, qsl,
+        I.stream_fence(raw_keys.device), I.import_arg(raw_keys, "raw_keys"), positions, ring, rope_words, bt, ttr, qsl,
         lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
         words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
         implementation=implementation)

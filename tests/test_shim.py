@@ -340,8 +340,10 @@ def test_sparse_imports_are_zero_copy(monkeypatch):
     # The fused buffer itself (not a copy of K/V) went to JAX, and q and the gate unchanged.
     assert imported[kv.data_ptr()] == tuple(kv.shape)
     assert a["q"].data_ptr() in imported and gate.data_ptr() in imported
-    cached = list(I.PERSISTENT._entries.values())
-    assert [arr.unsafe_buffer_pointer() for _, arr in cached] == [kv.data_ptr()]
+    cached = {arr.unsafe_buffer_pointer() for _, arr in I.PERSISTENT._entries.values()}
+    assert cached == {kv.data_ptr(), a["q"].data_ptr(), gate.data_ptr(),
+                      a["logical_indices"].data_ptr(), a["block_table"].data_ptr(),
+                      a["token_to_req"].data_ptr()}
     assert_agrees(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
 
 
@@ -361,29 +363,51 @@ def test_fused_base_recognition():
     assert I.fused_kv_base(k2, v2) is None  # not the D-split
 
 
-def test_import_cache_follows_the_buffer():
-    """Cached KV imports see in-place writes, and die with the user's tensor."""
+def test_import_cache_follows_the_buffers():
+    """Cached imports (KV, q, gate, metadata) see torch's in-place writes, and die with
+    the user's tensors; a new buffer is never served stale."""
     case = next(c for c, _ in SPARSE if c.name == "tp1_r16_s16")
     I.clear_import_cache()
     kv, a, gate = _sparse_args(case)
-    first = _call_sparse(S.qsa_sparse_paged_attention, a, gate).clone()
-    assert len(I.PERSISTENT) == 1
-    # torch writes new K/V in place: the cached import must see them.
-    kv.mul_(-0.5)
-    second = _call_sparse(S.qsa_sparse_paged_attention, a, gate).clone()
-    assert I.PERSISTENT.hits >= 1
-    I.clear_import_cache()
-    fresh = _call_sparse(S.qsa_sparse_paged_attention, a, gate)
-    assert torch.equal(second, fresh) and not torch.equal(first, second)
-    # Dropping the user's buffer drops the entry (and the storage it pinned).
-    del kv, a
+    call = lambda: _call_sparse(S.qsa_sparse_paged_attention, a, gate).clone()  # noqa: E731
+
+    def fresh():
+        I.clear_import_cache()
+        return call()
+
+    first = call()
+    assert len(I.PERSISTENT) == 6  # fused KV, q, 3 metadata buffers, gate
+    rng = torch.Generator().manual_seed(3)
+    # torch writes in place into each cached buffer in turn; the cached import must see it.
+    writes = {
+        "kv": lambda: kv.mul_(-0.5),
+        "q": lambda: a["q"].copy_(torch.randn(a["q"].shape, generator=rng)),
+        "gate": lambda: gate.copy_(torch.randn(gate.shape, generator=rng)),
+        "counts": lambda: a["logical_indices"][:, -1].floor_divide_(2),
+        "block_table": lambda: a["block_table"].copy_(a["block_table"].roll(1, 1)),
+        "token_to_req": lambda: a["token_to_req"].copy_(a["token_to_req"].flip(0)),
+    }
+    previous = first
+    for name, write in writes.items():
+        I.PERSISTENT.hits = 0
+        write()
+        got = call()
+        assert I.PERSISTENT.hits >= 6, name
+        want = fresh()
+        assert torch.equal(got, want), f"cached import of {name} served stale data"
+        assert not torch.equal(got, previous), f"the write into {name} changed nothing (weak test)"
+        previous = got
+    # Dropping the user's tensors drops their entries (and the storage they pinned).
+    del kv, a, gate, call, writes
     gc.collect()
     assert len(I.PERSISTENT) == 0
-    # A new buffer (possibly at the same address) with other data is not served stale.
+    # New buffers (possibly at the same addresses) with other data are not served stale.
     kv2, a2, gate2 = _sparse_args(case)
     kv2.mul_(-0.5)
     again = _call_sparse(S.qsa_sparse_paged_attention, a2, gate2)
-    assert torch.equal(again, fresh)
+    I.clear_import_cache()
+    assert torch.equal(again, _call_sparse(S.qsa_sparse_paged_attention, a2, gate2))
+    assert not torch.equal(again, first)
 
 
 def test_misaligned_view_is_copied_with_warning():
@@ -546,36 +570,69 @@ def test_gpu_store_and_compress_match_original(orig):
         assert torch.equal(want[1], got[1]), case.name
 
 
-@pytest.mark.gpu
-def test_gpu_stream_race(gpu_pool):
-    """torch writes the inputs on a side stream right before the call and reads the output right
-    after; a missing wait in either direction shows as a wrong output in some iteration."""
-    g, kv = gpu_pool
-    if g.name != "TP1":
-        pytest.skip("one geometry is enough")
+def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
+    """Iterations whose output differs from the expected one when torch writes q and the
+    counts on a side stream right before each call and reads the output right after."""
     a, gate = _gpu_case(g, 2048, 3, kv)
+    counts = a["logical_indices"][:, -1].clone()
     q_sets = [a["q"].clone(), (-a["q"]).clone()]
+    count_sets = [counts, counts // 3]
     expected = []
-    for qs in q_sets:
-        expected.append(_call_sparse(S.qsa_sparse_paged_attention, {**a, "q": qs}, gate).clone())
+    for qs, cs in zip(q_sets, count_sets):
+        li = a["logical_indices"].clone()
+        li[:, -1] = cs
+        expected.append(_call_sparse(S.qsa_sparse_paged_attention,
+                                     {**a, "q": qs, "logical_indices": li}, gate).clone())
     torch.cuda.synchronize()
     assert not torch.equal(expected[0], expected[1])
     side = torch.cuda.Stream()
     q = torch.empty_like(a["q"])
+    li = a["logical_indices"].clone()
     out = torch.empty_like(a["q"])
-    n = 40
     results = torch.empty((n,) + tuple(out.shape), dtype=out.dtype, device="cuda")
+    I.clear_import_cache()
+    I.PERSISTENT.hits = 0
     with torch.cuda.stream(side):
         for it in range(n):
-            torch.cuda._sleep(2_000_000)  # delay torch's write: a JAX read that does not wait sees stale q
+            torch.cuda._sleep(2_000_000)  # delay torch's writes: a JAX read that does not wait sees stale inputs
             q.copy_(q_sets[it % 2])
-            out.fill_(float("nan"))
-            _call_sparse(S.qsa_sparse_paged_attention, {**a, "q": q}, gate, out)
-            results[it].copy_(out)  # immediately after: must wait for JAX's write
-            out.fill_(float("nan"))
+            li[:, -1].copy_(count_sets[it % 2])
+            args = {**a, "q": q, "logical_indices": li}
+            if with_out:
+                out.fill_(float("nan"))
+                got = _call_sparse(S.qsa_sparse_paged_attention, args, gate, out)
+            else:
+                got = _call_sparse(S.qsa_sparse_paged_attention, args, gate)
+            results[it].copy_(got)  # immediately after: must wait for JAX's write
+            got.fill_(float("nan"))
     torch.cuda.synchronize()
-    bad = [it for it in range(n) if not torch.equal(results[it], expected[it % 2])]
+    assert I.PERSISTENT.hits >= n, "the cached imports were not exercised"
+    return [it for it in range(n) if not torch.equal(results[it], expected[it % 2])]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_out", [True, False], ids=["out", "new"])
+def test_gpu_stream_race(gpu_pool, with_out):
+    """q and the counts are the same tensor objects every iteration, so their imports are
+    cached: only the per-call fence (the donated ``out``, or ``stream_fence`` without
+    ``out``) orders JAX's reads after torch's writes."""
+    g, kv = gpu_pool
+    if g.name != "TP1":
+        pytest.skip("one geometry is enough")
+    bad = _race_iterations(g, kv, with_out)
     assert not bad, f"stream race: iterations {bad} read stale or unwritten data"
+
+
+@pytest.mark.gpu
+def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
+    """Negative control: with the fence removed, the race test must see stale reads."""
+    g, kv = gpu_pool
+    if g.name != "TP1":
+        pytest.skip("one geometry is enough")
+    monkeypatch.setattr(I, "stream_fence", lambda device: None)
+    bad = _race_iterations(g, kv, with_out=False)
+    I.clear_import_cache()
+    assert bad, "no stale read without the fence: the race test cannot detect a missing wait"
 
 
 @pytest.mark.gpu
