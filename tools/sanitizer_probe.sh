@@ -10,7 +10,7 @@ probe() {  # probe <name> <env...> -- <sanitizer options...> -- <python code>
   local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   local opts=(); while [ "$1" != "--" ]; do opts+=("$1"); shift; done; shift
   local t0=$SECONDS
-  env "${envs[@]}" timeout 90 compute-sanitizer --tool memcheck "${opts[@]}" python3 -c "$1" \
+  env "${envs[@]}" timeout 45 compute-sanitizer --tool memcheck "${opts[@]}" python3 -c "$1" \
     > "$OUT/probe_$name.log" 2>&1
   local rc=$?
   printf 'PROBE %-28s rc=%-4s %3ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
