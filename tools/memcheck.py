@@ -11,6 +11,10 @@ followed: tokens past the block table, physical pages -1 / NB / huge, request
 ids -1 / NR / huge, counts far above W, negative tokens and counts. Every
 cache row no valid entry reads holds NaN, and each kernel's output is also
 compared with the XLA reference (bar of DESIGN.md §5.4; stores bit-exact).
+
+``--plant`` runs only a control instead: a Pallas kernel that reads 1 Mi
+elements past the end of its input. memcheck must report it (a non-zero error
+summary); if it does not, a clean report of the real kernels proves nothing.
 """
 
 from __future__ import annotations
@@ -119,5 +123,26 @@ def main() -> int:
     return 0 if all(ok for _, ok in results) else 1
 
 
+def planted_out_of_bounds() -> int:
+    """Control: a kernel with a deliberate read past the end of its (exactly sized) input."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    n = 4096
+
+    def kernel(x_ref, start_ref, o_ref):
+        # The start is a runtime value, so no trace-time bound check sees it; no mask.
+        o_ref[...] = x_ref[pl.ds(start_ref[0], 128)]
+
+    x = jnp.asarray(np.random.default_rng(1).standard_normal(n, dtype=np.float32))
+    start = jnp.asarray([n + (1 << 20)], jnp.int32)
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128,), jnp.float32), grid=(1,),
+                          in_specs=[pl.no_block_spec] * 2, out_specs=pl.no_block_spec)
+    jax.block_until_ready(call(x, start))
+    print("planted out-of-bounds kernel ran (memcheck must have reported it)")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(planted_out_of_bounds() if "--plant" in sys.argv[1:] else main())
