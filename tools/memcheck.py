@@ -62,14 +62,24 @@ def _agrees(out, ref) -> bool:
         return False
 
 
-def main() -> int:
+def _record(results, name, ok):
+    """Print each launch as it is checked: if the sanitizer dies, the log shows where."""
+    results.append((name, ok))
+    print(f"{'ok  ' if ok else 'FAIL'} {name}", flush=True)
+
+
+def _impls(op: str, only: str | None) -> list[str]:
+    return [i for i in qsa_jax.available_implementations(op)
+            if i != "xla" and (only is None or i == only)]
+
+
+def main(only: str | None = None) -> int:
     rng = np.random.default_rng(0)
     results = []
     for rows, heads, kv_heads, width in SPARSE_SHAPES:
         case = adversarial_sparse_case(rng, rows, heads, kv_heads, 256, 16, width)
-        for impl in qsa_jax.available_implementations("sparse_attention"):
-            if impl == "xla":
-                continue  # XLA's gather clamps indices itself; the kernels are what is checked
+        # XLA's gather clamps indices itself; the kernels are what is checked.
+        for impl in _impls("sparse_attention", only):
             for layout in ("fused", "split"):
                 kv = case.kv_cache if layout == "fused" else case.split_caches()
                 for flag in (False, True):
@@ -79,16 +89,14 @@ def main() -> int:
                                                               implementation=impl))
                     ref = np.asarray(qsa_jax.sparse_attention(*args, use_prefill_config=flag,
                                                               implementation="xla"))
-                    results.append((f"sparse {impl} {layout} rows={rows} W={width} prefill={flag}",
-                                    _agrees(out, ref)))
+                    _record(results, f"sparse {impl} {layout} rows={rows} W={width} prefill={flag}",
+                            _agrees(out, ref))
 
     comp = C.compress_case(rng, chunk_lens=[1, 5, 40, 2, 9], edge=True)
     comp.compressor_state_block_table[:] = rng.choice([-(2**31), -1, 10**6, 2**31 - 1], (5, 1))
     comp.token_to_req[:] = rng.choice([-(2**31), -1, 0, 4, 5, 2**31 - 1], comp.token_to_req.size)
     comp.logical_positions[:] = rng.choice([-(2**31), -1, 0, 3, 2**31 - 1], comp.logical_positions.size)
-    for impl in qsa_jax.available_implementations("compress_groups_with_ratio"):
-        if impl == "xla":
-            continue
+    for impl in _impls("compress_groups_with_ratio", only):
         for rope in (comp.rope_cache.astype(np.int32), None):
             pooled, first = qsa_jax.compress_groups_with_ratio(
                 comp.raw_keys, comp.raw_positions.astype(np.int32), comp.compressor_state_cache,
@@ -102,22 +110,18 @@ def main() -> int:
                 implementation="xla")
             same = all(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
                        for a, b in zip((pooled, first), ref))
-            results.append((f"compress {impl} rope={rope is not None}", same))
+            _record(results, f"compress {impl} rope={rope is not None}", same)
 
     store = C.store_case(rng, n=500, pages=3, page_size=16, invalid_fraction=0.9)
     store.slot_mapping[::7] = 2**31 - 1
     store.slot_mapping[1::7] = -(2**31)
-    for impl in qsa_jax.available_implementations("store_cache_rows"):
-        if impl == "xla":
-            continue
+    for impl in _impls("store_cache_rows", only):
         got = np.asarray(qsa_jax.store_cache_rows(store.cache, store.slot_mapping, store.rows,
                                                   implementation=impl))
         ref = np.asarray(qsa_jax.store_cache_rows(store.cache, store.slot_mapping, store.rows,
                                                   implementation="xla"))
-        results.append((f"store {impl}", np.array_equal(got.view(np.uint16), ref.view(np.uint16))))
+        _record(results, f"store {impl}", np.array_equal(got.view(np.uint16), ref.view(np.uint16)))
 
-    for name, ok in results:
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
     print(f"memcheck driver: {len(results)} launches, "
           f"{sum(not ok for _, ok in results)} disagree with the XLA reference")
     return 0 if all(ok for _, ok in results) else 1
@@ -145,4 +149,10 @@ def planted_out_of_bounds() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(planted_out_of_bounds() if "--plant" in sys.argv[1:] else main())
+    import argparse
+
+    ap = argparse.ArgumentParser(description="memcheck driver (run under compute-sanitizer)")
+    ap.add_argument("--plant", action="store_true", help="run only the planted out-of-bounds control")
+    ap.add_argument("--impl", choices=("pallas", "triton"), help="check one implementation only")
+    a = ap.parse_args()
+    sys.exit(planted_out_of_bounds() if a.plant else main(a.impl))

@@ -1,0 +1,111 @@
+"""Where the shim's eager host time goes (GPU): component timings and a cProfile.
+
+    python3 tools/profile_shim.py [--rows 1] [--tp TP1]
+
+Prints the eager latency of the original (when loadable) and of the shim, the host
+time of each step of a shim call measured alone, and the top of a cProfile of
+repeated shim calls (sorted by own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pathlib
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import qsa_torch_shim as S  # noqa: E402
+from qsa_jax import arg_specs  # noqa: E402
+from qsa_torch_shim import _interop as I  # noqa: E402
+from qsa_torch_shim import _jax_side as J  # noqa: E402
+from qsa_torch_shim import ops as O  # noqa: E402
+
+
+def per_call_us(fn, n=300, sync=False):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+            if sync:
+                torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--tp", default="TP1")
+    a = ap.parse_args()
+    g = arg_specs.GEOMETRIES[a.tp]
+    nb, d, hk, p, h = 512, g.head_dim, g.num_kv_heads, g.page_size, g.num_query_heads
+    w = 2051
+    dev = "cuda"
+    kv = torch.randn((nb, hk, p, 2 * d), device=dev).to(torch.bfloat16)
+    k, v = kv.transpose(1, 2).split(d, -1)
+    q = torch.randn((a.rows, h, d), device=dev).to(torch.bfloat16)
+    gate = torch.randn_like(q)
+    out = torch.empty_like(q)
+    li = torch.randint(0, nb * p, (a.rows, w + 1), device=dev, dtype=torch.int32)
+    li[:, -1] = w
+    bt = torch.randperm(nb, device=dev, dtype=torch.int32)[None, :].contiguous()
+    t2r = torch.zeros((a.rows,), device=dev, dtype=torch.int32)
+    args = (q, k, v, li, bt, t2r, False, out)
+    shim = lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate)  # noqa: E731
+    rows = []
+    try:
+        from qsa_testing import originals
+
+        orig = originals.load()
+        rows.append(("original eager (call + sync)", per_call_us(
+            lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate), sync=True)))
+        rows.append(("original host (no sync)", per_call_us(
+            lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate))))
+    except Exception as exc:  # noqa: BLE001
+        print("original not loadable:", exc)
+    rows.append(("shim eager (call + sync)", per_call_us(shim, sync=True)))
+    rows.append(("shim host (no sync)", per_call_us(shim)))
+    small = torch.zeros((8,), device=dev, dtype=torch.int32)
+    rows.append(("  to_jax(small tensor)", per_call_us(lambda: I.to_jax(small))))
+    rows.append(("  stream_fence", per_call_us(lambda: I.stream_fence(q.device))))
+    rows.append(("  import_arg(q) (cached)", per_call_us(lambda: I.import_arg(q, "q"))))
+    rows.append(("  _kv_arrays (cached)", per_call_us(lambda: O._kv_arrays(k, v))))
+    rows.append(("  _check_sparse", per_call_us(lambda: O._check_sparse(q, k, v, li, bt, t2r, out, gate))))
+    jargs = (I.import_arg(q, "q"), O._kv_arrays(k, v), I.import_arg(li, "li"), I.import_arg(bt, "bt"),
+             I.import_arg(t2r, "t2r"), I.import_arg(gate, "gate"))
+    res = J.sparse_new(I.stream_fence(q.device), *jargs, use_prefill_config=False, implementation=None)
+    rows.append(("  jitted call, no donation (dispatch)", per_call_us(
+        lambda: J.sparse_new(None, *jargs, use_prefill_config=False, implementation=None))))
+    rows.append(("  jitted call + fence import", per_call_us(
+        lambda: J.sparse_new(I.stream_fence(q.device), *jargs, use_prefill_config=False,
+                             implementation=None))))
+    rows.append(("  donated call (out import + dispatch)", per_call_us(
+        lambda: J.sparse_into(I.to_jax(out), *jargs, use_prefill_config=False, implementation=None))))
+    rows.append(("  to_torch(result)", per_call_us(lambda: I.to_torch(res))))
+    rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res).data_ptr())))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(300):
+        shim()
+    torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    print(f"\nshim host profile, {a.tp} rows={a.rows} (µs per call, median of 5 x 300)")
+    for name, us in rows:
+        print(f"{name:44s} {us:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
