@@ -78,6 +78,9 @@ def main():
     rows.append(("shim eager (call + sync)", per_call_us(shim, sync=True)))
     rows.append(("shim host (no sync)", per_call_us(shim)))
     small = torch.zeros((8,), device=dev, dtype=torch.int32)
+    import jax
+
+    rows.append(("  jax.dlpack.from_dlpack(small tensor)", per_call_us(lambda: jax.dlpack.from_dlpack(small))))
     rows.append(("  to_jax(small tensor)", per_call_us(lambda: I.to_jax(small))))
     rows.append(("  stream_fence", per_call_us(lambda: I.stream_fence(q.device))))
     rows.append(("  import_arg(q) (cached)", per_call_us(lambda: I.import_arg(q, "q"))))
