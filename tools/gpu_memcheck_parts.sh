@@ -4,6 +4,11 @@
 # planted control. One line per process: rc, launches checked, sanitizer errors.
 # Usage (device tool): source tools/gpu_env.sh; bash tools/gpu_memcheck_parts.sh
 export XLA_PYTHON_CLIENT_ALLOCATOR=${XLA_PYTHON_CLIENT_ALLOCATOR:-platform}
+# Without these, compute-sanitizer 2025.x segfaults at random points of a JAX process
+# (seen on the H200, 2026-12-02/03, 0-4 launches in); with them every part ran. Which of
+# the three is needed was not isolated: autotuning and parallel compilation start
+# CUDA work on other threads, command buffers replay kernels as CUDA graphs.
+export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0 --xla_gpu_force_compilation_parallelism=1 --xla_gpu_enable_command_buffer=}"
 line() {  # line <log> <rc> <name>
   printf 'MEMCHECK %-22s rc=%-4s launches_ok=%-3s disagree=%-2s %s\n' "$3" "$2" \
     "$(grep -cE '^ok' "$1")" "$(grep -cE '^FAIL' "$1")" \
