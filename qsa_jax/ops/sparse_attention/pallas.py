@@ -202,6 +202,18 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     if rows == 0:
         return jnp.zeros((0, heads, d), jnp.bfloat16)
+    result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+    if p.config.num_splits == 1:
+        return result.reshape(rows, heads, d)
+    partial, lse = result
+    return merge_kernel(p, partial, lse, output_gate)
+
+
+def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
+                 token_to_req, output_gate):
+    """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
+    fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``."""
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
     bn, warps, _, num_splits, stages = _launch_params(p)
     block_m = max(16, next_pow2(p.group_size))  # tl.dot needs >= 16 rows
@@ -224,7 +236,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
                      jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
                                masked=not interpreted)
-    result = pl.pallas_call(
+    return pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(rows, p.num_kv_heads, num_splits),
@@ -234,10 +246,12 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         interpret=interpreted,
         name="qsa_sparse_attention",
     )(q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
-    if one_split:
-        return result.reshape(rows, heads, d)
 
-    partial, lse = result
+
+def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate):
+    """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials."""
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
+    num_splits = p.config.num_splits
     merged = pl.pallas_call(
         functools.partial(_merge_kernel, num_splits=num_splits, block_s=next_pow2(num_splits)),
         out_shape=jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16),
@@ -245,8 +259,8 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         in_specs=[pl.no_block_spec] * 3,
         out_specs=pl.no_block_spec,
         compiler_params=plgpu.CompilerParams(num_warps=2, num_stages=1),
-        interpret=interpreted,
+        interpret=interpret(),
         name="qsa_merge_splits",
-    )(partial, lse, gate2)
+    )(partial, lse, output_gate.reshape(rows * heads, d))
     return merged.reshape(rows, heads, d)
 

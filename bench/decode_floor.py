@@ -1,0 +1,142 @@
+"""Where the Pallas decode time goes: the attention kernel alone, the merge alone, the
+whole call, and XLA's floor for one and for two dependent kernel launches.
+
+    python -m bench.decode_floor [--tp TP1,TP4] [--rows 1,4,16] [--n-calls 20]
+
+Every variant is timed like ``bench.run`` times the JAX implementations (one jitted
+function of N calls in sequence, dispatched back to back; µs per call), and the
+originals as a CUDA graph of N calls, in the same process and on the same inputs.
+The floors are Pallas kernels of one program that copy one element: their time is
+XLA's cost per launch inside one executable, which the originals' graph does not pay.
+Prints a markdown table and writes it to ``--out`` (default: stdout only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _chain(fn, sets):
+    """N calls of fn(set_i) in sequence (an optimization barrier orders call i after i-1)."""
+    outs, prev = [], None
+    for s in sets:
+        if prev is not None:
+            s, prev = jax.lax.optimization_barrier((s, prev))
+        prev = fn(s)
+        outs.append(prev)
+    return tuple(outs)
+
+
+def _tiny_kernel(x_ref, o_ref):
+    o_ref[0] = x_ref[0] + 1.0
+
+
+def _tiny(x):
+    from jax.experimental import pallas as pl
+
+    return pl.pallas_call(_tiny_kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.float32), grid=(1,),
+                          in_specs=[pl.no_block_spec], out_specs=pl.no_block_spec,
+                          interpret=jax.default_backend() != "gpu")(x)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tp", default="TP1,TP4")
+    ap.add_argument("--rows", default="1,4,16")
+    ap.add_argument("--n-calls", type=int, default=20)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+
+    import qsa_jax
+    from bench import inputs, timing
+    from qsa_jax.ops.sparse_attention import pallas as P
+    from qsa_jax.ops.sparse_attention.api import _plan
+
+    gpu = jax.default_backend() == "gpu"
+    n = a.n_calls
+    orig = None
+    if gpu:
+        try:
+            import torch
+
+            from qsa_testing import originals
+            from qsa_testing.torch_interop import kv_views
+
+            orig = originals.load()
+        except Exception as exc:  # noqa: BLE001
+            print(f"originals not timed: {exc}", file=sys.stderr)
+
+    def device_us(fn, args):
+        compiled, _ = timing.compile_jitted(jax.jit(fn), args)
+        return timing.jax_device_time(compiled, args, n)[0]["device_s"] * 1e6
+
+    lines = ["| where | rows | config (BN, warps, tiles, splits) | original µs | pallas µs | "
+             "attention kernel alone µs | merge alone µs | 1 tiny launch µs | 2 dependent tiny launches µs |",
+             "|" + "---|" * 9]
+    x = jnp.ones((1,), jnp.float32)
+    floor1 = device_us(lambda xs: _chain(_tiny, xs), ([x + i for i in range(n)],))
+    floor2 = device_us(lambda xs: _chain(lambda v: _tiny(_tiny(v)), xs), ([x + i for i in range(n)],))
+    for tp in a.tp.split(","):
+        geo = inputs.geometry(tp, cpu=not gpu, pool_gb=1.0)
+        kv_t, kv = inputs.make_pool(geo, gpu=gpu and orig is not None, seed=3)
+        for rows in [int(r) for r in a.rows.split(",")]:
+            inp = inputs.sparse_inputs(geo, rows, n, seed=rows)
+            problem, _ = _plan(inp.q, kv, inp.idx[0], inp.block_table, inp.token_to_req, inp.gate,
+                               use_prefill_config=False, config=None, implementation="pallas")
+            common = (inp.q, kv, inp.block_table, inp.token_to_req, inp.gate)
+
+            def full(q, kv, bt, t2r, gate, idx_sets):
+                return _chain(lambda i: qsa_jax.sparse_attention(q, kv, i, bt, t2r, gate,
+                                                                 implementation="pallas"), idx_sets)
+
+            def split_only(q, kv, bt, t2r, gate, idx_sets):
+                return _chain(lambda i: P.split_kernel(problem, q, (kv,), i, bt, t2r, gate), idx_sets)
+
+            t_full = device_us(full, common + (tuple(inp.idx),))
+            t_split = device_us(split_only, common + (tuple(inp.idx),))
+            t_merge = None
+            if problem.config.num_splits > 1:
+                partial, lse = jax.jit(functools.partial(P.split_kernel, problem))(
+                    inp.q, (kv,), inp.idx[0], inp.block_table, inp.token_to_req, inp.gate)
+                sets = [(partial + i * 1e-3, lse) for i in range(n)]
+
+                def merge_only(gate, sets):
+                    return _chain(lambda s: P.merge_kernel(problem, s[0], s[1], gate), sets)
+
+                t_merge = device_us(merge_only, (inp.gate, sets))
+            t_orig = None
+            if orig is not None:
+                k_c, v_c = kv_views(kv_t, geo.head_dim)
+                q_t, g_t = torch.from_dlpack(inp.q), torch.from_dlpack(inp.gate)
+                bt_t, r_t = torch.from_dlpack(inp.block_table), torch.from_dlpack(inp.token_to_req)
+                out = torch.empty_like(q_t)
+                calls = [functools.partial(orig.qsa_sparse_paged_attention, q_t, k_c, v_c,
+                                           torch.from_dlpack(i), bt_t, r_t, False, out, output_gate=g_t)
+                         for i in inp.idx]
+                t_orig = timing.torch_graph_time(calls)["device_s"] * 1e6
+            cfg = problem.config
+            fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+            lines.append(f"| {tp} | {rows} | ({cfg.block_n}, {cfg.num_warps}, {cfg.num_tiles}, "
+                         f"{cfg.num_splits}) | {fmt(t_orig)} | {fmt(t_full)} | {fmt(t_split)} | "
+                         f"{fmt(t_merge)} | {floor1:.1f} | {floor2:.1f} |")
+            print(lines[-1], flush=True)
+        del kv, kv_t
+    table = "\n".join(lines)
+    card = jax.devices()[0].device_kind
+    text = (f"# Pallas decode time, decomposed — {card}\n\nN = {n} calls per timed unit "
+            f"(fresh selection sets); µs per call.\n\n{table}\n")
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
