@@ -57,3 +57,34 @@ def test_bench_index_sets_follow_the_selection_layout():
             tail = sel[4 * geo.selection_blocks:]
             if tail.size:  # causal tail of the open group, consecutive
                 assert (np.diff(tail) == 1).all() and tail[0] % 4 == 0
+
+
+def test_compile_cost_cold_then_warm(tmp_path):
+    """bench.compile_cost in two fresh processes sharing a cache: the second loads, the first compiles."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "bench.compile_cost", "--impl", "xla", "--cache-dir",
+           str(tmp_path / "cache"), "--rows", "3"]
+    env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu"}
+    runs = [json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                      env=env).stdout.splitlines()[-1]) for _ in range(2)]
+    assert any((tmp_path / "cache").iterdir()), "the first process wrote nothing to the cache"
+    for r in runs:
+        assert r["backend"] == "cpu" and r["rows"]["3"]["first_s"] > r["rows"]["3"]["second_s"] > 0
+
+
+def test_decode_floor_cpu_smoke(tmp_path, capsys, monkeypatch):
+    """bench.decode_floor runs end to end on CPU (interpret mode) and writes its table."""
+    import sys
+
+    from bench import decode_floor
+
+    out = tmp_path / "floor.md"
+    monkeypatch.setattr(sys, "argv", ["decode_floor", "--tp", "TP4", "--rows", "1", "--n-calls", "2",
+                                      "--out", str(out)])
+    assert decode_floor.main() == 0
+    row = [line for line in out.read_text().splitlines() if line.startswith("| TP4 | 1 |")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert float(cells[4]) > 0 and float(cells[5]) > 0 and float(cells[7]) > 0  # pallas, kernel, floor
