@@ -3,7 +3,7 @@
 #   1. the full benchmark grid (bench/run.py) -> $OUT/<card>_<date>/
 #   2. GPU tests: parity of the kernels and of the shim with the originals
 #   3. the shim swap-in script
-#   4. compute-sanitizer memcheck of the kernels on adversarial metadata
+#   4. compute-sanitizer memcheck of the kernels on adversarial metadata (tools/gpu_memcheck_parts.sh)
 # Time limits per step keep the whole call under the limit; the benchmark
 # writes whatever it has finished when its limit ends it.
 # Usage (device tool; carry .whl .cache/originals): QSA_GIT_COMMIT=<sha> bash tools/gpu_all.sh
@@ -25,6 +25,5 @@ QSA_PARITY_IMPLS=${QSA_PARITY_IMPLS:-pallas,triton} QSA_PARITY_ROWS=${QSA_PARITY
 echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -12
 timeout 30 python3 tools/swap_in_check.py --quick > "$OUT/swap_in.log" 2>&1
 echo "swap-in rc=$?"; tail -n 4 "$OUT/swap_in.log"
-XLA_PYTHON_CLIENT_ALLOCATOR=platform PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-45}" \
-  compute-sanitizer --tool memcheck --error-exitcode 3 python3 tools/memcheck.py > "$OUT/memcheck.log" 2>&1
-echo "compute-sanitizer memcheck rc=$?"; tail -n 5 "$OUT/memcheck.log"
+PART_TIMEOUT=${MEMCHECK_PART_TIMEOUT:-45} bash tools/gpu_memcheck_parts.sh > "$OUT/memcheck.log" 2>&1
+echo "compute-sanitizer memcheck:"; grep MEMCHECK "$OUT/memcheck.log"

@@ -1,7 +1,9 @@
 """Out-of-bounds check of every GPU implementation on adversarial metadata.
 
-    XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck \
-        --error-exitcode 3 python3 tools/memcheck.py
+    bash tools/gpu_memcheck_parts.sh      # on the GPU: every part, its own process
+
+which runs, per part, ``compute-sanitizer --tool memcheck --error-exitcode 3 python3
+tools/memcheck.py --impl I --part P`` with the XLA flags the sanitizer needs (see there).
 
 ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` makes JAX call cudaMalloc for each
 buffer instead of carving them out of one pool, so a read past the end of the
