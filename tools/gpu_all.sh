@@ -23,7 +23,7 @@ QSA_PARITY_IMPLS=${QSA_PARITY_IMPLS:-pallas,triton} QSA_PARITY_ROWS=${QSA_PARITY
   tests/test_shim.py tests/test_pallas.py tests/test_triton.py tests/test_gpu_parity.py \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -12
-timeout 30 python3 tools/swap_in_check.py --quick > "$OUT/swap_in.log" 2>&1
+timeout 120 python3 tools/swap_in_check.py --quick > "$OUT/swap_in.log" 2>&1
 echo "swap-in rc=$?"; tail -n 4 "$OUT/swap_in.log"
 PART_TIMEOUT=${MEMCHECK_PART_TIMEOUT:-45} bash tools/gpu_memcheck_parts.sh > "$OUT/memcheck.log" 2>&1
 echo "compute-sanitizer memcheck:"; grep MEMCHECK "$OUT/memcheck.log"
