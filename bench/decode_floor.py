@@ -19,24 +19,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-
-
-def _chain(fn, sets, *, last_only: bool = False):
-    """N calls of fn(set_i) in sequence (an optimization barrier orders call i after i-1).
-
-    Returns every result (as ``bench.run`` does), or with ``last_only`` just the last: for
-    the fp32 split partials, returning all N would give each call a fresh output buffer
-    (N x ~1.5 MB) where the whole call reuses one in L2 (measured on 2026-12-03: the
-    "kernel alone" then took longer than the whole call at 1 row).
-    """
-    outs, prev = [], None
-    for s in sets:
-        if prev is not None:
-            s, prev = jax.lax.optimization_barrier((s, prev))
-        prev = fn(s)
-        outs.append(prev)
-    return outs[-1] if last_only else tuple(outs)
 
 
 def _tiny_kernel(x_ref, o_ref):
@@ -61,6 +43,7 @@ def main() -> int:
 
     import qsa_jax
     from bench import inputs, timing
+    from bench.timing import sequential_calls
     from qsa_jax.ops.sparse_attention import pallas as P
     from qsa_jax.ops.sparse_attention.api import _plan
 
@@ -86,8 +69,8 @@ def main() -> int:
              "attention kernel alone µs | merge alone µs | 1 tiny launch µs | 2 dependent tiny launches µs |",
              "|" + "---|" * 9]
     x = jnp.ones((1,), jnp.float32)
-    floor1 = device_us(lambda xs: _chain(_tiny, xs), ([x + i for i in range(n)],))
-    floor2 = device_us(lambda xs: _chain(lambda v: _tiny(_tiny(v)), xs), ([x + i for i in range(n)],))
+    floor1 = device_us(lambda xs: sequential_calls(_tiny, xs), ([x + i for i in range(n)],))
+    floor2 = device_us(lambda xs: sequential_calls(lambda v: _tiny(_tiny(v)), xs), ([x + i for i in range(n)],))
     for tp in a.tp.split(","):
         geo = inputs.geometry(tp, cpu=not gpu, pool_gb=1.0)
         kv_t, kv = inputs.make_pool(geo, gpu=gpu and orig is not None, seed=3)
@@ -98,11 +81,11 @@ def main() -> int:
             common = (inp.q, kv, inp.block_table, inp.token_to_req, inp.gate)
 
             def full(q, kv, bt, t2r, gate, idx_sets):
-                return _chain(lambda i: qsa_jax.sparse_attention(q, kv, i, bt, t2r, gate,
+                return sequential_calls(lambda i: qsa_jax.sparse_attention(q, kv, i, bt, t2r, gate,
                                                                  implementation="pallas"), idx_sets)
 
             def split_only(q, kv, bt, t2r, gate, idx_sets):
-                return _chain(lambda i: P.split_kernel(problem, q, (kv,), i, bt, t2r, gate), idx_sets,
+                return sequential_calls(lambda i: P.split_kernel(problem, q, (kv,), i, bt, t2r, gate), idx_sets,
                               last_only=True)
 
             t_full = device_us(full, common + (tuple(inp.idx),))
@@ -114,7 +97,7 @@ def main() -> int:
                 sets = [(partial + i * 1e-3, lse) for i in range(n)]
 
                 def merge_only(gate, sets):
-                    return _chain(lambda s: P.merge_kernel(problem, s[0], s[1], gate), sets,
+                    return sequential_calls(lambda s: P.merge_kernel(problem, s[0], s[1], gate), sets,
                                   last_only=True)
 
                 t_merge = device_us(merge_only, (inp.gate, sets))

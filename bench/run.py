@@ -336,17 +336,13 @@ def _close_record(ctx, rec, t_rec, baseline, emit, label):
 
 def _many_sparse(q, kv, idx_sets, block_table, token_to_req, gate, *, flag, impl):
     """N calls in sequence, one per selection set (one jitted function)."""
-    import jax
     import qsa_jax
 
-    outs, prev = [], None
-    for idx in idx_sets:
-        if prev is not None:  # call i starts after call i-1 (no fusion/overlap across calls)
-            idx, prev = jax.lax.optimization_barrier((idx, prev))
-        prev = qsa_jax.sparse_attention(q, kv, idx, block_table, token_to_req, gate,
-                                        use_prefill_config=flag, implementation=impl)
-        outs.append(prev)
-    return tuple(outs)
+    from bench.timing import sequential_calls
+
+    return sequential_calls(lambda idx: qsa_jax.sparse_attention(
+        q, kv, idx, block_table, token_to_req, gate, use_prefill_config=flag, implementation=impl),
+        idx_sets)
 
 
 def _check(ctx, got, ref, ref_name):
@@ -550,16 +546,12 @@ def _jax_measure(ctx, rec, prep, pre_s):
 
 
 def _many_compress(sets, *, ratio, impl):
-    import jax
     import qsa_jax
 
-    outs, prev = [], None
-    for s in sets:
-        if prev is not None:
-            s, prev = jax.lax.optimization_barrier((s, prev))
-        prev = qsa_jax.compress_groups_with_ratio(*s[:8], ratio, s[8], implementation=impl)
-        outs.append(prev)
-    return tuple(outs)
+    from bench.timing import sequential_calls
+
+    return sequential_calls(lambda s: qsa_jax.compress_groups_with_ratio(
+        *s[:8], ratio, s[8], implementation=impl), sets)
 
 
 def _many_store(cache, sets, *, impl):

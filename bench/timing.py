@@ -20,6 +20,23 @@ def _reps(t_one: float, target_s: float) -> int:
     return int(min(MAX_REPS, max(MIN_REPS, round(target_s / t_one))))
 
 
+def sequential_calls(fn, sets, *, last_only: bool = False):
+    """Inside a jitted function: ``fn(set_i)`` for each set, call i ordered after call i-1.
+
+    The optimization barrier ties set i to the result of call i-1, so XLA can neither
+    fuse nor overlap consecutive calls. Returns every result, or just the last: with
+    large intermediate outputs (the fp32 split partials) returning all N gives each call
+    a fresh buffer where one reused buffer would stay in L2.
+    """
+    outs, prev = [], None
+    for s in sets:
+        if prev is not None:
+            s, prev = jax.lax.optimization_barrier((s, prev))
+        prev = fn(s)
+        outs.append(prev)
+    return outs[-1] if last_only else tuple(outs)
+
+
 def compile_jitted(fn, args):
     """(compiled executable, seconds) of a jitted function for ``args``."""
     t0 = time.perf_counter()

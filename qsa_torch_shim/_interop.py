@@ -74,7 +74,8 @@ _IMPORTERS: dict[tuple[int, int], tuple] = {}
 
 
 def _importer(t: torch.Tensor):
-    """(JAX device, stream for external ready events, DLPack device type), cached per device.
+    """(JAX device, stream for external ready events, DLPack device type, JAX's import
+    function), cached per device.
 
     ``jax.dlpack.from_dlpack`` looks these up on every call and then runs the
     result through ``jnp.asarray`` (dtype canonicalisation: a no-op for the
@@ -94,7 +95,9 @@ def _importer(t: torch.Tensor):
             stream = device.get_stream_for_external_ready_events()
         except Exception:  # CPU: no streams
             stream = None
-        found = _IMPORTERS[key] = (device, stream, int(dl_type))
+        from jax._src.lib import _jax
+
+        found = _IMPORTERS[key] = (device, stream, int(dl_type), _jax.dlpack_managed_tensor_to_buffer)
     return found
 
 
@@ -151,15 +154,13 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if t.dtype in (torch.int64, torch.float64, torch.uint64, torch.complex128):
         return jax.dlpack.from_dlpack(t)  # keep JAX's canonicalisation rules for 64-bit types
     try:
-        device, stream, dl_type = _importer(t)
-        from jax._src.lib import _jax
-
+        device, stream, dl_type, to_buffer = _importer(t)
         if stream is not None and t.is_cuda and not t.requires_grad:
             _HANDSHAKE.order_after_torch(t, stream)
             capsule = torch._C._to_dlpack(t)
         else:
             capsule = t.__dlpack__(stream=stream)
-        return _jax.dlpack_managed_tensor_to_buffer(capsule, device, stream, None, dl_type)
+        return to_buffer(capsule, device, stream, None, dl_type)
     except (ImportError, AttributeError, KeyError, TypeError):  # another jax/torch: the public path
         return jax.dlpack.from_dlpack(t)
 
