@@ -9,6 +9,13 @@ originals as a CUDA graph of N calls, in the same process and on the same inputs
 The floors are Pallas kernels of one program that copy one element: their time is
 XLA's cost per launch inside one executable, which the originals' graph does not pay.
 Prints a markdown table and writes it to ``--out`` (default: stdout only).
+
+A second table times variants of the Pallas call with the same numerics or
+nearly: ``prefetch`` (next tile's index/block-table loads issued during the
+current tile's K/V gather; bit-identical), ``65 splits`` (when the table deals 65
+tiles to 64 splits, one tile per split -- only the last tile's <= 3 columns move,
+notes/triton.md), both, and q read in place from a qkv array (``StridedQuery``).
+Each variant's relative error against the default Pallas output is printed.
 """
 
 from __future__ import annotations
@@ -31,6 +38,56 @@ def _tiny(x):
     return pl.pallas_call(_tiny_kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.float32), grid=(1,),
                           in_specs=[pl.no_block_spec], out_specs=pl.no_block_spec,
                           interpret=jax.default_backend() != "gpu")(x)
+
+
+def _variants(tp, rows, geo, problem, inp, kv, t_orig, t_pallas, device_us) -> str:
+    """One row of the variants table (see the module docstring)."""
+    import dataclasses
+
+    import numpy as np
+
+    import qsa_jax
+    from bench.timing import sequential_calls
+    from qsa_jax.ops.sparse_attention import pallas as P
+    from qsa_testing.agreement import rel_frobenius as relative_error
+
+    cfg = problem.config
+    one_tile_each = cfg.num_tiles == cfg.num_splits + 1
+    p65 = dataclasses.replace(problem, config=cfg._replace(num_splits=cfg.num_tiles)) if one_tile_each else None
+    common = (inp.q, kv, inp.block_table, inp.token_to_req, inp.gate, tuple(inp.idx))
+
+    def chain(p, prefetch):
+        def fn(q, kv, bt, t2r, gate, idx_sets):
+            return sequential_calls(lambda i: P.run(p, q, (kv,), i, bt, t2r, gate, prefetch=prefetch), idx_sets)
+        return fn
+
+    heads, d = geo.num_query_heads, geo.head_dim
+    qkv = jnp.concatenate([inp.q.reshape(rows, heads * d),
+                           jnp.full((rows, 2 * geo.num_kv_heads * d), jnp.nan, jnp.bfloat16)], axis=1)
+    strided = qsa_jax.StridedQuery.from_columns(qkv, start=0, num_heads=heads, head_dim=d)
+
+    def strided_chain(qv, kv, bt, t2r, gate, idx_sets):
+        return sequential_calls(lambda i: qsa_jax.sparse_attention(qv, kv, i, bt, t2r, gate,
+                                                                   implementation="pallas"), idx_sets)
+
+    def once(p, prefetch):
+        return np.asarray(jax.jit(chain(p, prefetch))(*common[:5], common[5][:1])[0]).astype(np.float32)
+
+    base = once(problem, False)
+    times, errs = [], []
+    for p, prefetch in ((problem, True), (p65, False), (p65, True)):
+        if p is None:
+            times.append(None)
+            errs.append("")
+            continue
+        times.append(device_us(chain(p, prefetch), common))
+        errs.append(f"{relative_error(once(p, prefetch), base):.1e}")
+    times.append(device_us(strided_chain, (strided,) + common[1:]))
+    got = np.asarray(jax.jit(strided_chain)(strided, *common[1:5], common[5][:1])[0]).astype(np.float32)
+    errs.append(f"{relative_error(got, base):.1e}")
+    fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+    return (f"| {tp} | {rows} | {fmt(t_orig)} | {fmt(t_pallas)} | "
+            + " | ".join(fmt(t) for t in times) + " | " + " / ".join(errs) + " |")
 
 
 def main() -> int:
@@ -68,6 +125,9 @@ def main() -> int:
     lines = ["| where | rows | config (BN, warps, tiles, splits) | original µs | pallas µs | "
              "attention kernel alone µs | merge alone µs | 1 tiny launch µs | 2 dependent tiny launches µs |",
              "|" + "---|" * 9]
+    variant_lines = ["| where | rows | original µs | pallas µs | prefetch µs | 65 splits µs | "
+                     "prefetch + 65 splits µs | strided q (qkv) µs | rel. err vs pallas (prefetch / 65 / "
+                     "both / strided) |", "|" + "---|" * 9]
     x = jnp.ones((1,), jnp.float32)
     floor1 = device_us(lambda xs: sequential_calls(_tiny, xs), ([x + i for i in range(n)],))
     floor2 = device_us(lambda xs: sequential_calls(lambda v: _tiny(_tiny(v)), xs), ([x + i for i in range(n)],))
@@ -117,11 +177,14 @@ def main() -> int:
                          f"{cfg.num_splits}) | {fmt(t_orig)} | {fmt(t_full)} | {fmt(t_split)} | "
                          f"{fmt(t_merge)} | {floor1:.1f} | {floor2:.1f} |")
             print(lines[-1], flush=True)
+            variant_lines.append(_variants(tp, rows, geo, problem, inp, kv, t_orig, t_full, device_us))
+            print(variant_lines[-1], flush=True)
         del kv, kv_t
     table = "\n".join(lines)
     card = jax.devices()[0].device_kind
     text = (f"# Pallas decode time, decomposed — {card}\n\nN = {n} calls per timed unit "
-            f"(fresh selection sets); µs per call.\n\n{table}\n")
+            f"(fresh selection sets); µs per call.\n\n{table}\n\n## Variants\n\n"
+            + "\n".join(variant_lines) + "\n")
     print(text)
     if a.out:
         with open(a.out, "w") as f:

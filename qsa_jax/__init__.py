@@ -2,7 +2,8 @@
 
 Public API:
 
-- ``sparse_attention``: gated sparse GQA over a paged K/V cache.
+- ``sparse_attention``: gated sparse GQA over a paged K/V cache (``StridedQuery``:
+  its q read in place from a wider array, e.g. a fused qkv projection).
 - ``compress_groups_with_ratio``: mean-pool groups of indexer keys (ring + raw rows).
 - ``store_cache_rows``: scatter rows into a paged cache (in place when donated).
 - ``select_config`` / ``SparseAttentionConfig``: the static tiling table.
@@ -14,12 +15,13 @@ Each operator takes ``implementation=`` ("pallas", "triton", "xla" or None).
 from qsa_jax.ops.compress_groups import compress_groups_with_ratio
 from qsa_jax._implementations import available_implementations
 from qsa_jax.config import SparseAttentionConfig, reachable_configs, select_config
-from qsa_jax.ops.sparse_attention import sparse_attention
+from qsa_jax.ops.sparse_attention import StridedQuery, sparse_attention
 from qsa_jax.ops.store_cache_rows import store_cache_rows
 from qsa_jax.warmup import enable_persistent_cache, warmup
 
 __all__ = [
     "SparseAttentionConfig",
+    "StridedQuery",
     "available_implementations",
     "compress_groups_with_ratio",
     "enable_persistent_cache",

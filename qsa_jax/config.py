@@ -118,3 +118,15 @@ def pallas_hopper_launch(config: SparseAttentionConfig) -> tuple[int, int]:
     """
     warps = 2 if config.num_warps == 1 else config.num_warps
     return warps, 2
+
+
+def pallas_prefetch(config: SparseAttentionConfig) -> bool:
+    """Whether the Pallas sparse-attention kernel loads the next tile's indices and
+    block-table entries while the current tile's K/V gather is in flight.
+
+    No numeric effect (same arithmetic, same order). Off until measured on Hopper
+    (notes/pallas.md); the jax-triton kernel's prefetch helped at 32-64 rows and
+    hurt at BN 64 with several splits (notes/triton.md).
+    """
+    del config
+    return False

@@ -218,6 +218,21 @@ def add_edge_rows(rng: np.random.Generator, case: SparseAttentionCase) -> Sparse
     return case
 
 
+def qkv_with_query(q: np.ndarray, kv_heads: int, *, leading_heads: int = 0) -> tuple[np.ndarray, int]:
+    """q embedded in a fused-projection-like ``[R, (leading + H + 2 Hk) * D]`` bf16 array
+    (vLLM's qkv, optionally with other heads before q), every other column NaN.
+
+    Returns (qkv, first q column). A kernel that reads anything but q's own
+    columns sees NaN and shows it in its output.
+    """
+    rows, heads, d = q.shape
+    width = (leading_heads + heads + 2 * kv_heads) * d
+    bits = np.full((rows, width), BF16_NAN_BITS, np.uint16)
+    start = leading_heads * d
+    bits[:, start:start + heads * d] = np.ascontiguousarray(q).view(np.uint16).reshape(rows, heads * d)
+    return bits.view(BF16), start
+
+
 # ---------------------------------------------------------------------------------
 # Indexer operators
 

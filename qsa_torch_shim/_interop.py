@@ -328,6 +328,49 @@ def import_arg(t: torch.Tensor, name: str, *, large: bool = True) -> jax.Array:
     return to_jax(importable(t, name, large=large))
 
 
+def strided_query_geometry(q: torch.Tensor) -> tuple[int, int, int] | None:
+    """(table rows, row stride, head stride), in D-wide rows, when the [R, H, D] view
+    ``q`` sits on a grid of D-wide rows of its storage; else None.
+
+    That is vLLM's q (a column slice of the fused qkv projection, row stride
+    (H + 2 Hk) * D) and any view with unit stride in D and row/head strides
+    that are multiples of D. Its rows are then rows of the compact ``[N, D]``
+    storage alias starting at q's first element, which JAX imports zero-copy
+    and the kernels address with ``qsa_jax.StridedQuery``.
+    """
+    if q.ndim != 3 or not q.numel():
+        return None
+    rows, heads, d = q.shape
+    row_stride, head_stride, unit = q.stride()
+    # A size-1 dim's stride is never used: treat it as 0.
+    row_stride = 0 if rows == 1 else row_stride
+    head_stride = 0 if heads == 1 else head_stride
+    if (unit != 1 and d > 1) or row_stride % d or head_stride % d:
+        return None
+    row_stride, head_stride = row_stride // d, head_stride // d
+    n = (rows - 1) * row_stride + (heads - 1) * head_stride + 1
+    if (q.storage_offset() + n * d) * q.element_size() > q.untyped_storage().nbytes():
+        return None
+    return n, row_stride, head_stride
+
+
+def import_query(q: torch.Tensor):
+    """q for ``qsa_jax.sparse_attention``: the (cached) import of a compact q, or of
+    the storage rows a strided q lives in, as a ``StridedQuery`` (no copy). Anything
+    else is copied with ``ShimCopyWarning``."""
+    if is_importable(q):
+        return import_arg(q, "q")
+    geometry = strided_query_geometry(q)
+    if geometry is None or not is_aligned(q):
+        return import_arg(q, "q")  # copies, and says why
+    n, row_stride, head_stride = geometry
+    d = q.shape[2]
+    table = PERSISTENT.get((q,), q, lambda: alias(q, (n, d), (d, 1)))
+    import qsa_jax
+
+    return qsa_jax.StridedQuery(table, q.shape[0], q.shape[1], row_stride, head_stride)
+
+
 _FENCES: dict[torch.device, torch.Tensor] = {}
 
 

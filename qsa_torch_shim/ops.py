@@ -142,7 +142,7 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     # Every input is a cached import (the same tensor objects recur each step);
     # the stream order comes from one fresh import per call: the donated ``out``,
     # or the fence (see ``_interop.PersistentImports``).
-    args = (I.import_arg(q, "q"), kv,
+    args = (I.import_query(q), kv,
             I.import_arg(logical_indices, "logical_indices", large=False),
             I.import_arg(block_table, "block_table", large=False),
             I.import_arg(token_to_req, "token_to_req", large=False),

@@ -84,7 +84,14 @@ def test_decode_floor_cpu_smoke(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["decode_floor", "--tp", "TP4", "--rows", "1", "--n-calls", "2",
                                       "--out", str(out)])
     assert decode_floor.main() == 0
-    row = [line for line in out.read_text().splitlines() if line.startswith("| TP4 | 1 |")]
+    decomposed, variants = out.read_text().split("## Variants")
+    row = [line for line in decomposed.splitlines() if line.startswith("| TP4 | 1 |")]
     assert len(row) == 1
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     assert float(cells[4]) > 0 and float(cells[5]) > 0 and float(cells[7]) > 0  # pallas, kernel, floor
+    row = [line for line in variants.splitlines() if line.startswith("| TP4 | 1 |")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert float(cells[4]) > 0 and float(cells[7]) > 0  # prefetch, strided q
+    # Prefetch and strided q are bit-identical to the default kernel.
+    assert cells[8].split(" / ")[0] == "0.0e+00" and cells[8].split(" / ")[-1] == "0.0e+00"

@@ -350,6 +350,50 @@ def test_sparse_imports_are_zero_copy(monkeypatch):
 SPARSE_BY_NAME = [(c.name, e) for c, e in SPARSE]
 
 
+def _qkv_view(q: torch.Tensor, kv_heads: int, leading_heads: int = 0):
+    """vLLM's q: a [R, H, D] view of the fused qkv projection (other columns NaN)."""
+    qkv, start = C.qkv_with_query(to_numpy(q), kv_heads, leading_heads=leading_heads)
+    qkv = to_torch(qkv, q.device.type)
+    rows, heads, d = q.shape
+    view = qkv[:, start:start + heads * d].view(rows, heads, d)
+    assert (rows == 1 or not view.is_contiguous()) and torch.equal(view, q)
+    return qkv, view
+
+
+@pytest.mark.parametrize("leading_heads", [0, 1])
+def test_strided_q_is_read_in_place(monkeypatch, leading_heads):
+    """q as a column slice of qkv (row stride (H + 2 Hk) * D) is not copied: the qkv
+    rows go to JAX, and the result is bit-identical to the compact q's."""
+    case = next(c for c, _ in SPARSE if c.name == "tp4_r20_w63_d256_s2")
+    kv, a, gate = _sparse_args(case)
+    qkv, q = _qkv_view(a["q"], case.kv_cache.shape[1], leading_heads)
+    want = _call_sparse(S.qsa_sparse_paged_attention, a, gate)
+    imported = _record_imports(monkeypatch)
+    I.clear_import_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", S.ShimCopyWarning)
+        warnings.filterwarnings("ignore", message=".*not updated in place.*")
+        got = _call_sparse(S.qsa_sparse_paged_attention, {**a, "q": q}, gate, torch.empty_like(a["q"]))
+    assert q.data_ptr() in imported and q.data_ptr() == qkv.data_ptr() + leading_heads * 256 * 2
+    rows_of_q = imported[q.data_ptr()]
+    assert rows_of_q[1] == 256 and rows_of_q[0] < qkv.numel() // 256  # the qkv rows, not a copy
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert_agrees(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
+
+
+def test_strided_query_geometry():
+    """(table rows, row stride, head stride) in D-wide rows, or None when q's rows are
+    not on a D-row grid of the storage (those are copied with a warning)."""
+    x = torch.zeros((5, 40 * 16), dtype=torch.bfloat16)
+    assert I.strided_query_geometry(x[:, 16:16 + 32 * 16].view(5, 32, 16)) == (4 * 40 + 32, 40, 1)
+    assert I.strided_query_geometry(x[:1, 16:16 + 32 * 16].view(1, 32, 16)) == (32, 0, 1)
+    y = torch.zeros((5, 32, 32), dtype=torch.bfloat16)
+    assert I.strided_query_geometry(y.view(5, 64, 16)[:, ::2]) == (4 * 64 + 31 * 2 + 1, 64, 2)
+    assert I.strided_query_geometry(y[:, :, ::2]) is None  # non-unit stride in D
+    z = torch.zeros((5, 520), dtype=torch.bfloat16)
+    assert I.strided_query_geometry(z[:, :512].view(5, 32, 16)) is None  # row stride 520 % 16 != 0
+
+
 def test_fused_base_recognition():
     kv = torch.zeros((3, 2, 8, 32), dtype=torch.bfloat16)
     k, v = kv.transpose(1, 2).split(16, -1)
@@ -525,6 +569,27 @@ def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows):
         got = _call_sparse(S.qsa_sparse_paged_attention, a, gate, out)
         assert got is out
         assert_agrees(to_numpy(got), to_numpy(want), what=f"{g.name}/r{rows}/prefill={flag}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64, 2049])
+def test_gpu_strided_q_matches_original_without_copy(orig, gpu_pool, rows, monkeypatch):
+    """vLLM's q (a view of the fused qkv, other columns NaN) through the identical call:
+    same result as the originals, no copy (ShimCopyWarning is an error), qkv imported."""
+    g, kv = gpu_pool
+    a, gate = _gpu_case(g, rows, rows + 5, kv)
+    qkv, q = _qkv_view(a["q"], g.num_kv_heads)
+    a["q"] = q
+    want = _call_sparse(orig.qsa_sparse_paged_attention, a, gate, torch.empty_like(q))
+    imported = _record_imports(monkeypatch)
+    out = torch.empty_like(q)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", S.ShimCopyWarning)
+        got = _call_sparse(S.qsa_sparse_paged_attention, a, gate, out)
+        new = _call_sparse(S.qsa_sparse_paged_attention, a, gate)
+    assert got is out and qkv.data_ptr() in imported
+    assert torch.equal(new.view(torch.int16), got.view(torch.int16))
+    assert_agrees(to_numpy(got), to_numpy(want), what=f"{g.name}/r{rows}/strided q")
 
 
 @pytest.mark.gpu

@@ -284,6 +284,7 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
     from qsa_jax.ops.sparse_attention import triton as stri
     from qsa_jax.ops.store_cache_rows import base as stbase
     from qsa_jax.ops.store_cache_rows import triton as sttri
+    from qsa_testing import cases as C
     from qsa_testing import golden
     from qsa_testing.agreement import assert_agrees
 
@@ -294,15 +295,19 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
         cost = case.q.shape[0] * case.selection_width * case.q.shape[1]
         if case.q.shape[0] > max_rows or cost > max_cost:
             continue
-        for layout in ("fused", "split"):
-            kv = case.kv_cache if layout == "fused" else case.split_caches()
+        qkv, start = C.qkv_with_query(case.q, case.kv_cache.shape[1], leading_heads=1)
+        strided = sbase.StridedQuery.from_columns(qkv, start=start, num_heads=case.q.shape[1],
+                                                  head_dim=case.q.shape[2])
+        for layout in ("fused", "split", "fused+strided_q"):
+            kv = case.split_caches() if layout == "split" else case.kv_cache
+            q = strided if layout.endswith("strided_q") else case.q
             problem = sbase.check_sparse_attention_args(
-                case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+                q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
                 use_prefill_config=case.use_prefill_config, config=None)
             _, arrays = sbase.as_kv_layout(kv)
             arrays = tuple(jnp.asarray(a) for a in arrays)
             try:
-                got = stri.run(problem, jnp.asarray(case.q), arrays, jnp.asarray(case.logical_indices),
+                got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
                                jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
                                jnp.asarray(case.output_gate), config=problem.config)
                 err = assert_agrees(np.asarray(got), expected, what=f"{case.name}/{layout}")

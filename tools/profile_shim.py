@@ -97,6 +97,15 @@ def main():
     rows.append(("  donated call (out import + dispatch)", per_call_us(
         lambda: J.sparse_into(I.to_jax(out), *jargs, use_prefill_config=False, implementation=None))))
     rows.append(("  to_torch(result)", per_call_us(lambda: I.to_torch(res))))
+    # Does the export of a just-dispatched result wait for JAX's launch? Compare with
+    # dispatch alone + export of a finished result (the two rows above).
+    rows.append(("  jitted call + to_torch of its result", per_call_us(
+        lambda: I.to_torch(J.sparse_new(None, *jargs, use_prefill_config=False, implementation=None)))))
+    qkv = torch.randn((a.rows, (h + 2 * hk) * d), device=dev).to(torch.bfloat16)
+    q_view = qkv[:, :h * d].view(a.rows, h, d)
+    rows.append(("  import_query(strided q of qkv) (cached)", per_call_us(lambda: I.import_query(q_view))))
+    rows.append(("shim host, q a view of qkv (no sync)", per_call_us(
+        lambda: S.qsa_sparse_paged_attention(q_view, k, v, li, bt, t2r, False, out, output_gate=gate))))
     rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res).data_ptr())))
     prof = cProfile.Profile()
     prof.enable()

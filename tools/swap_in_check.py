@@ -20,6 +20,7 @@ import importlib
 import pathlib
 import sys
 import traceback
+import warnings
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -76,8 +77,19 @@ def build_calls(quick: bool):
                     assert r is out, "out= call did not return out"
                     return [out]
 
+                qkv, start = C.qkv_with_query(case.q, g.num_kv_heads)  # vLLM's q: a view of qkv
+                q_view = to_torch(qkv)[:, start:start + case.q.shape[1] * case.q.shape[2]].view(case.q.shape)
+
+                def strided(m, t=t, k=k, v=v, flag=flag, q_view=q_view):
+                    out = torch.full_like(t["q"], float("nan"))
+                    m.qsa_sparse_paged_attention(
+                        q_view, k, v, t["logical_indices"], t["block_table"], t["token_to_req"],
+                        flag, out, output_gate=t["output_gate"])
+                    return [out]
+
                 calls.append((f"sparse {gname} rows={rows} prefill={flag} out=None", new, "float"))
                 calls.append((f"sparse {gname} rows={rows} prefill={flag} out=given", into, "float"))
+                calls.append((f"sparse {gname} rows={rows} prefill={flag} q=view of qkv", strided, "float"))
         block_table = to_torch(np.arange(64, dtype=np.int32).reshape(8, 8) % pages)
         calls.append((f"warmup {gname} (returned profiles)",
                       lambda m, kv=kv, bt=block_table, g=g: [torch.tensor(
@@ -188,7 +200,10 @@ def main() -> int:
             report(name, False, "the ORIGINAL failed: " + want.strip().splitlines()[-1])
             continue
         try:
-            got = fn(after)
+            with warnings.catch_warnings():
+                # A drop-in must not copy large tensors: a copy fails the call.
+                warnings.simplefilter("error", qsa_torch_shim.ShimCopyWarning)
+                got = fn(after)
             torch.cuda.synchronize()
             ok, detail = compare(kind, want, got)
         except Exception:  # noqa: BLE001

@@ -20,7 +20,12 @@ def spec(x):
         return None
     if isinstance(x, (tuple, list)):
         return ("seq",) + tuple(spec(a) for a in x)
-    return (tuple(x.shape), x.dtype)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return (tuple(x.shape), x.dtype)
+    # A registered pytree (e.g. ``StridedQuery``): its static fields live in the
+    # treedef, which is hashable; its arrays are described like any array.
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    return ("tree", treedef) + tuple(spec(a) for a in leaves)
 
 
 def stand_in(s):
@@ -29,6 +34,8 @@ def stand_in(s):
         return None
     if s[0] == "seq":
         return tuple(stand_in(a) for a in s[1:])
+    if s[0] == "tree":
+        return s[1].unflatten([stand_in(a) for a in s[2:]])
     return jax.ShapeDtypeStruct(*s)
 
 

@@ -5,5 +5,6 @@
 """
 
 from qsa_jax.ops.sparse_attention.api import sparse_attention
+from qsa_jax.ops.sparse_attention.base import StridedQuery
 
-__all__ = ["sparse_attention"]
+__all__ = ["StridedQuery", "sparse_attention"]

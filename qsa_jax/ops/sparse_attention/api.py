@@ -9,7 +9,8 @@ import jax
 
 from qsa_jax._implementations import REGISTRIES
 from qsa_jax.ops._memo import memoised
-from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem, check_sparse_attention_args
+from qsa_jax.ops.sparse_attention.base import (
+    SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table)
 
 _REGISTRY = REGISTRIES["sparse_attention"]
 
@@ -32,7 +33,7 @@ def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, 
 
 
 def sparse_attention(
-    q: jax.Array,
+    q: jax.Array | StridedQuery,
     kv,
     logical_indices: jax.Array,
     block_table: jax.Array,
@@ -46,7 +47,8 @@ def sparse_attention(
     """Gated sparse GQA over a paged bf16 K/V cache (QSA ``qsa_sparse_paged_attention``).
 
     Args:
-      q: [R, H, D] bf16 queries.
+      q: [R, H, D] bf16 queries, or a ``StridedQuery``: queries read in place from a
+        larger array (e.g. the q columns of a fused qkv projection), without a copy.
       kv: the fused cache ``[NB, Hk, P, 2D]`` (vLLM's ``kv_cache``; K = first D
         channels, V = last D) or a pair ``(k_cache, v_cache)`` of ``[NB, P, Hk, D]``.
       logical_indices: [R, W+1] int32; columns ``< W`` are logical token ids
@@ -67,5 +69,5 @@ def sparse_attention(
                           config=None if config is None else tuple(config),
                           implementation=implementation)
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
-    return _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+    return _run(query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate,
                 problem=problem, implementation=name)

@@ -20,6 +20,7 @@ and ``half`` 0 for K, 1 for V (fused) — see ``KVLayout``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -118,6 +119,96 @@ def as_kv_layout(kv) -> tuple[KVLayout, tuple[Any, ...]]:
     return cache, arrays
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["table"],
+                   meta_fields=["num_rows", "num_heads", "row_stride", "head_stride", "offset"])
+@dataclasses.dataclass(frozen=True)
+class StridedQuery:
+    """Queries stored inside a larger array, read by address instead of copied.
+
+    Head ``h`` of row ``r`` is the D-wide row ``table[offset + r * row_stride +
+    h * head_stride]`` of the 2-D ``table`` ``[N, D]``. A compact q ``[R, H, D]``
+    is the special case ``table = q.reshape(R * H, D)``, ``row_stride = H``,
+    ``head_stride = 1``. The point is vLLM's q: a view of the fused qkv
+    projection ``[T, (H + 2 Hk) * D]`` (row stride ``(H + 2 Hk) * D`` elements).
+    Slicing it out in JAX would materialise a copy before the kernel; the
+    kernels here load q rows from the whole projection instead.
+
+    A pytree: ``table`` is the only array; the rest is static (a new layout
+    compiles a new kernel, like a new shape).
+    """
+
+    table: Any
+    num_rows: int
+    num_heads: int
+    row_stride: int
+    head_stride: int = 1
+    offset: int = 0
+
+    @classmethod
+    def from_columns(cls, rows, *, start: int, num_heads: int, head_dim: int) -> "StridedQuery":
+        """q = columns ``[start, start + num_heads * head_dim)`` of each row of the 2-D
+        ``rows`` ``[R, C]`` (e.g. ``start=0`` in vLLM's qkv). The reshape to D-wide rows
+        is free; ``C`` and ``start`` must be multiples of ``head_dim``."""
+        shape = _shape(rows)
+        if len(shape) != 2 or shape[1] % head_dim or start % head_dim:
+            raise ValueError(
+                f"StridedQuery.from_columns needs a 2-D [rows, C] array with C and start multiples of "
+                f"head_dim={head_dim}; got shape {shape}, start={start}")
+        per_row = shape[1] // head_dim
+        return cls(rows.reshape(shape[0] * per_row, head_dim), shape[0], num_heads, per_row, 1,
+                   start // head_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryLayout:
+    """Where q's rows sit in the query table the kernels receive (static, hashable).
+
+    Row ``(r, h)`` of q is table row ``offset + r * row_stride + h * head_stride``.
+    """
+
+    row_stride: int
+    head_stride: int
+    offset: int
+
+    @staticmethod
+    def compact(num_heads: int) -> "QueryLayout":
+        return QueryLayout(num_heads, 1, 0)
+
+    def row(self, r, h):
+        # Skip the no-op terms so a compact q traces to the plain r*H + h.
+        index = r * self.row_stride + (h if self.head_stride == 1 else h * self.head_stride)
+        return index + self.offset if self.offset else index
+
+
+def query_table(q):
+    """The array the implementations receive for ``q``: the ``[N, D]`` table of a
+    ``StridedQuery``, or q itself (its free ``[R*H, D]`` reshape is the table)."""
+    return q.table if isinstance(q, StridedQuery) else q
+
+
+def _check_strided_query(q: StridedQuery, head_dim: int) -> tuple[tuple[int, int, int], QueryLayout]:
+    table = _shape(q.table)
+    if len(table) != 2 or table[1] != head_dim:
+        raise ValueError(
+            f"StridedQuery.table must be [N, head_dim={head_dim}] (D-wide query rows); got shape {table}")
+    fields = dict(num_rows=q.num_rows, num_heads=q.num_heads, row_stride=q.row_stride,
+                  head_stride=q.head_stride, offset=q.offset)
+    for name, value in fields.items():
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"StridedQuery.{name} must be a non-negative int; got {value!r}")
+    rows, heads = int(q.num_rows), int(q.num_heads)
+    layout = QueryLayout(int(q.row_stride), int(q.head_stride), int(q.offset))
+    if rows and heads:
+        last = layout.row(rows - 1, heads - 1)
+        if last >= table[0]:
+            raise ValueError(
+                f"StridedQuery addresses table row {last} (row {rows - 1}, head {heads - 1}) but the "
+                f"table has {table[0]} rows")
+        if table[0] * head_dim >= 2**31:
+            raise ValueError("StridedQuery.table has 2**31 or more elements; offsets would overflow int32")
+    return (rows, heads, head_dim), layout
+
+
 @dataclasses.dataclass(frozen=True)
 class SparseAttentionProblem:
     """Static description of one call (everything a kernel is specialised on)."""
@@ -133,6 +224,12 @@ class SparseAttentionProblem:
     # True when the caller passed ``config=``; an implementation with a tuned
     # table of its own must then use ``config`` as given.
     config_explicit: bool = False
+    # Rows of q in the query table (``query_table``); compact q when None.
+    q_layout: QueryLayout | None = None
+
+    @property
+    def queries(self) -> QueryLayout:
+        return self.q_layout or QueryLayout.compact(self.num_query_heads)
 
     @property
     def num_kv_heads(self) -> int:
@@ -154,7 +251,14 @@ def check_sparse_attention_args(
     the offending argument named.
     """
     cache, _ = as_kv_layout(kv)
-    qs = _shape(q)
+    q_layout = None
+    if isinstance(q, StridedQuery):
+        qs, q_layout = _check_strided_query(q, cache.head_dim)
+        if q_layout == QueryLayout.compact(qs[1]) and _shape(q.table)[0] == qs[0] * qs[1]:
+            q_layout = None  # the table is exactly a compact q
+        q = q.table
+    else:
+        qs = _shape(q)
     if len(qs) != 3:
         raise ValueError(f"q must be [rows, query_heads, head_dim]; got shape {qs}")
     rows, heads, d = qs
@@ -201,7 +305,7 @@ def check_sparse_attention_args(
         if not 1 <= cfg.num_splits <= cfg.num_tiles:
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
-                                  config_explicit=config is not None)
+                                  config_explicit=config is not None, q_layout=q_layout)
 
 
 def entry_rows(problem: SparseAttentionProblem, tokens, block_table, token_to_req):

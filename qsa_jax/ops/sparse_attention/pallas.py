@@ -69,7 +69,7 @@ def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int,
 
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *out_refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
-                      masked: bool):
+                      masked: bool, prefetch: bool):
     kv = p.kv
     cfg = p.config
     bn, num_splits, num_tiles = cfg.block_n, cfg.num_splits, cfg.num_tiles
@@ -81,11 +81,12 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     head = pl.program_id(1)
     split = pl.program_id(2)
 
-    # Flat [R*H] indices of this program's query heads; padded ones repeat
-    # head G-1 (see module docstring).
+    # Flat [R*H] indices of this program's query heads (gate and output rows);
+    # padded ones repeat head G-1 (see module docstring). q's rows may sit in a
+    # larger table (StridedQuery), at their own addresses.
     group = jnp.minimum(lax.broadcasted_iota(jnp.int32, (block_m,), 0), g - 1)
     q_rows = row * heads + head * g + group
-    q = q_ref[q_rows, :]  # [M, D] bf16
+    q = q_ref[p.queries.row(row, head * g + group), :]  # [M, D] bf16
 
     request = req_ref[row]
     request_ok = (request >= 0) & (request < p.num_requests)
@@ -100,9 +101,9 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
     scale = (d ** -0.5) * LOG2_E
 
-    def body(step, carry):
-        acc, norm, run_max = carry  # [M, D], [M], [M] fp32
-        tile = split + step * num_splits
+    def tile_entries(tile):
+        """Cache rows and validity of one tile's BN selected entries (index and
+        block-table loads; always in bounds, also for a tile past the end)."""
         cols = tile * bn + columns
         # Columns >= W (last partial tile) read a clamped column, then become -1.
         tokens = idx_ref[row, jnp.minimum(cols, w - 1)]
@@ -117,12 +118,18 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         # Invalid entries address row 0 (always in range); zeroed below.
         cache_row = jnp.where(
             valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
+        return cache_row, valid
+
+    def load_tile(cache_row, valid):
         # K is gathered already transposed ([D, BN]: the address, not a
         # transpose op, puts D on axis 0), so Q.K^T needs no data movement,
         # and the scores come out [M, BN] -- the layout P.V consumes as-is.
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :], masked)
         values = _load_rows(v_ref, cache_row[:, None], (v_col + dims)[None, :], valid[:, None], masked)
+        return keys_t, values
 
+    def attend(state, keys_t, values, valid):
+        acc, norm, run_max = state  # [M, D], [M], [M] fp32
         scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * scale  # [M, BN]
         scores = jnp.where(valid[None, :], scores, MASKED_SCORE)
         new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
@@ -130,13 +137,30 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         probs = jnp.where(valid[None, :], jnp.exp2(scores - new_max[:, None]), 0.0)
         # P.V with bf16 probabilities; the normaliser sums the fp32 ones.
         pv = jnp.dot(probs.astype(jnp.bfloat16), values, preferred_element_type=jnp.float32)
-        acc = acc * alpha[:, None] + pv
-        norm = norm * alpha + jnp.sum(probs, axis=1)
-        return acc, norm, new_max
+        return acc * alpha[:, None] + pv, norm * alpha + jnp.sum(probs, axis=1), new_max
 
     init = (jnp.zeros((block_m, d), jnp.float32), jnp.zeros((block_m,), jnp.float32),
             jnp.full((block_m,), MASKED_SCORE, jnp.float32))
-    acc, norm, run_max = lax.fori_loop(0, num_steps, body, init)
+    if prefetch:
+        # Software-pipelined by hand: the index -> block-table loads of the next
+        # tile are issued while this tile's K/V gather is in flight, so each
+        # step waits for one dependent HBM round trip instead of three. Same
+        # arithmetic in the same order: results are bit-identical.
+        def body(step, carry):
+            state, cache_row, valid = carry
+            keys_t, values = load_tile(cache_row, valid)
+            upcoming = tile_entries(split + (step + 1) * num_splits)
+            return (attend(state, keys_t, values, valid),) + upcoming
+
+        (acc, norm, run_max), _, _ = lax.fori_loop(
+            0, num_steps, body, (init,) + tile_entries(split))
+    else:
+        def body(step, state):
+            cache_row, valid = tile_entries(split + step * num_splits)
+            keys_t, values = load_tile(cache_row, valid)
+            return attend(state, keys_t, values, valid)
+
+        acc, norm, run_max = lax.fori_loop(0, num_steps, body, init)
 
     has_values = norm > 0
     safe_norm = jnp.maximum(norm, 1.0e-20)
@@ -197,12 +221,13 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-        token_to_req, output_gate):
+        token_to_req, output_gate, *, prefetch: bool | None = None):
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     if rows == 0:
         return jnp.zeros((0, heads, d), jnp.bfloat16)
-    result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+    result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+                          prefetch=prefetch)
     if p.config.num_splits == 1:
         return result.reshape(rows, heads, d)
     partial, lse = result
@@ -210,9 +235,12 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
 
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                 token_to_req, output_gate):
+                 token_to_req, output_gate, *, prefetch: bool | None = None):
     """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
-    fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``."""
+    fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``.
+
+    ``prefetch`` (no numeric effect) overrides ``config.pallas_prefetch``.
+    """
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
     bn, warps, _, num_splits, stages = _launch_params(p)
@@ -225,7 +253,7 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     else:
         k_rows = kv_arrays[0].reshape(kv.num_rows, d)
         v_rows = kv_arrays[1].reshape(kv.num_rows, d)
-    q2 = q.reshape(rows * heads, d)
+    q2 = q.reshape(-1, d)  # the query table: q itself, or a StridedQuery's table
     gate2 = output_gate.reshape(rows * heads, d)
 
     one_split = num_splits == 1
@@ -234,8 +262,12 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     else:
         out_shape = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
                      jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
+    if prefetch is None:
+        from qsa_jax.config import pallas_prefetch
+
+        prefetch = pallas_prefetch(p.config)
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
-                               masked=not interpreted)
+                               masked=not interpreted, prefetch=prefetch)
     return pl.pallas_call(
         kernel,
         out_shape=out_shape,

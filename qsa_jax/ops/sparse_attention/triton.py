@@ -105,7 +105,8 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         num_warps=cfg.num_warps,
         num_stages=NUM_STAGES if num_stages is None else num_stages,
         W=p.selection_width, PAGE=kv.page_size, BTW=p.table_width, GROUP=p.group_size,
-        HEADS=heads, D=d, BLOCK_M=_next_pow2(p.group_size), BLOCK_N=cfg.block_n,
+        HEADS=heads, D=d, Q_ROW_STRIDE=p.queries.row_stride, Q_HEAD_STRIDE=p.queries.head_stride,
+        Q_OFFSET=p.queries.offset, BLOCK_M=_next_pow2(p.group_size), BLOCK_N=cfg.block_n,
         NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
         PREFETCH=_prefetch(cfg) if prefetch is None else prefetch, **strides)
     if one_split:

@@ -63,6 +63,9 @@ def sparse_attention_split_kernel(
     GROUP: tl.constexpr,
     HEADS: tl.constexpr,
     D: tl.constexpr,
+    Q_ROW_STRIDE: tl.constexpr,  # q row (r, h) = Q_OFFSET + r*Q_ROW_STRIDE + h*Q_HEAD_STRIDE,
+    Q_HEAD_STRIDE: tl.constexpr,  # in D-wide rows of q_ptr (StridedQuery; compact: HEADS, 1, 0)
+    Q_OFFSET: tl.constexpr,
     STRIDE_PAGE: tl.constexpr,  # K/V element strides (same for both)
     STRIDE_TOKEN: tl.constexpr,
     STRIDE_HEAD: tl.constexpr,
@@ -91,7 +94,9 @@ def sparse_attention_split_kernel(
     head_ok = m_idx < GROUP
     first_head = kv_head * GROUP
     qo_offsets = row * (HEADS * D) + (first_head + m_idx[:, None]) * D + d_idx[None, :]
-    query = tl.load(q_ptr + qo_offsets, mask=head_ok[:, None], other=0.0)
+    q_offsets = (Q_OFFSET + row * Q_ROW_STRIDE + (first_head + m_idx[:, None]) * Q_HEAD_STRIDE) * D \
+        + d_idx[None, :]
+    query = tl.load(q_ptr + q_offsets, mask=head_ok[:, None], other=0.0)
 
     scale_log2: tl.constexpr = (D ** -0.5) * 1.4426950408889634
     run_max = tl.full((BLOCK_M,), -1.0e20, tl.float32)

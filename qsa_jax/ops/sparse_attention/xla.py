@@ -53,7 +53,11 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     k_rows, v_rows = kv.rows_view(kv_arrays)
     k_half, v_half = kv.halves
     head_offsets = jnp.arange(hk, dtype=jnp.int32) * head_row_stride(kv)
-    qg = q.reshape(rows, hk, g, d)
+    if p.q_layout is None:
+        qg = q.reshape(rows, hk, g, d)
+    else:  # q read out of a larger table (StridedQuery): a gather of its rows
+        q_rows = p.q_layout.row(jnp.arange(rows)[:, None], jnp.arange(heads)[None, :])
+        qg = q.reshape(-1, d)[q_rows].reshape(rows, hk, g, d)
     scale = (d ** -0.5) * LOG2_E
 
     def step(carry, xs):
