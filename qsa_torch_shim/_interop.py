@@ -31,6 +31,8 @@ import weakref
 import jax
 import torch
 
+from qsa_jax import StridedQuery
+
 
 class ShimCopyWarning(UserWarning):
     """A large tensor had to be copied (non-compact or misaligned view, or an
@@ -366,9 +368,7 @@ def import_query(q: torch.Tensor):
     n, row_stride, head_stride = geometry
     d = q.shape[2]
     table = PERSISTENT.get((q,), q, lambda: alias(q, (n, d), (d, 1)))
-    import qsa_jax
-
-    return qsa_jax.StridedQuery(table, q.shape[0], q.shape[1], row_stride, head_stride)
+    return StridedQuery(table, q.shape[0], q.shape[1], row_stride, head_stride)
 
 
 _FENCES: dict[torch.device, torch.Tensor] = {}
