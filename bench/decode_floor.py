@@ -1,13 +1,17 @@
-"""Where the Pallas decode time goes: the attention kernel alone, the merge alone, the
-whole call, and XLA's floor for one and for two dependent kernel launches.
+"""Where the Pallas decode time goes: wall clock against the GPU's own kernel times.
 
     python -m bench.decode_floor [--tp TP1,TP4] [--rows 1,4,16] [--n-calls 20]
 
-Every variant is timed like ``bench.run`` times the JAX implementations (one jitted
-function of N calls in sequence, dispatched back to back; µs per call), and the
-originals as a CUDA graph of N calls, in the same process and on the same inputs.
-The floors are Pallas kernels of one program that copy one element: their time is
-XLA's cost per launch inside one executable, which the originals' graph does not pay.
+The first table times the Pallas call like ``bench.run`` times the JAX
+implementations (one jitted function of N calls in sequence, dispatched back to
+back; µs per call) and the originals as a CUDA graph of N calls, in the same
+process on the same inputs. Beside the wall clock it gives what a profiler
+trace (``bench.kernel_trace``, CUPTI) says the GPU did: the busy time per call
+(sum of kernel durations, no launch gaps), each kernel's mean duration and the
+median gap between consecutive kernels -- for the Pallas chain and for the
+originals' graph replays. The floors are Pallas kernels of one program that
+copy one element, timed like the chain: XLA's cost per launch inside one
+executable, which the originals' graph does not pay.
 Prints a markdown table and writes it to ``--out`` (default: stdout only).
 
 A second table times variants of the Pallas call with the same numerics or
@@ -22,10 +26,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 
 import jax
 import jax.numpy as jnp
+
+
+# Runs of the N-call chain (or the originals' graph) under the profiler per case.
+TRACE_REPS = 5
 
 
 def _tiny_kernel(x_ref, o_ref):
@@ -96,12 +105,13 @@ def main() -> int:
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--n-calls", type=int, default=20)
     ap.add_argument("--out")
+    ap.add_argument("--no-variants", dest="variants", action="store_false",
+                    help="skip the variants table")
     a = ap.parse_args()
 
     import qsa_jax
-    from bench import inputs, timing
+    from bench import inputs, kernel_trace, timing
     from bench.timing import sequential_calls
-    from qsa_jax.ops.sparse_attention import pallas as P
     from qsa_jax.ops.sparse_attention.api import _plan
 
     gpu = jax.default_backend() == "gpu"
@@ -122,9 +132,10 @@ def main() -> int:
         compiled, _ = timing.compile_jitted(jax.jit(fn), args)
         return timing.jax_device_time(compiled, args, n)[0]["device_s"] * 1e6
 
-    lines = ["| where | rows | config (BN, warps, tiles, splits) | original µs | pallas µs | "
-             "attention kernel alone µs | merge alone µs | 1 tiny launch µs | 2 dependent tiny launches µs |",
-             "|" + "---|" * 9]
+    lines = ["| where | rows | config (BN, warps, tiles, splits) | original µs (graph) | original busy µs | "
+             "original kernels: mean µs | pallas µs (wall) | pallas busy µs | pallas kernels: mean µs | "
+             "pallas median gap µs | 1 tiny launch µs | 2 dependent tiny launches µs |",
+             "|" + "---|" * 12]
     variant_lines = ["| where | rows | original µs | pallas µs | prefetch µs | 65 splits µs | "
                      "prefetch + 65 splits µs | strided q (qkv) µs | rel. err vs pallas (prefetch / 65 / "
                      "both / strided) |", "|" + "---|" * 9]
@@ -144,24 +155,14 @@ def main() -> int:
                 return sequential_calls(lambda i: qsa_jax.sparse_attention(q, kv, i, bt, t2r, gate,
                                                                  implementation="pallas"), idx_sets)
 
-            def split_only(q, kv, bt, t2r, gate, idx_sets):
-                return sequential_calls(lambda i: P.split_kernel(problem, q, (kv,), i, bt, t2r, gate), idx_sets,
-                              last_only=True)
-
             t_full = device_us(full, common + (tuple(inp.idx),))
-            t_split = device_us(split_only, common + (tuple(inp.idx),))
-            t_merge = None
-            if problem.config.num_splits > 1:
-                partial, lse = jax.jit(functools.partial(P.split_kernel, problem))(
-                    inp.q, (kv,), inp.idx[0], inp.block_table, inp.token_to_req, inp.gate)
-                sets = [(partial + i * 1e-3, lse) for i in range(n)]
-
-                def merge_only(gate, sets):
-                    return sequential_calls(lambda s: P.merge_kernel(problem, s[0], s[1], gate), sets,
-                                  last_only=True)
-
-                t_merge = device_us(merge_only, (inp.gate, sets))
-            t_orig = None
+            full_jit = jax.jit(full)
+            args = common + (tuple(inp.idx),)
+            jax.block_until_ready(full_jit(*args))
+            pallas_trace = kernel_trace.summarize(kernel_trace.gpu_kernels(
+                lambda: [full_jit(*args) for _ in range(TRACE_REPS)], sync=lambda: jax.block_until_ready(
+                    full_jit(*args))), (TRACE_REPS + 1) * n)
+            t_orig, orig_trace = None, None
             if orig is not None:
                 k_c, v_c = kv_views(kv_t, geo.head_dim)
                 q_t, g_t = torch.from_dlpack(inp.q), torch.from_dlpack(inp.gate)
@@ -171,20 +172,31 @@ def main() -> int:
                                            torch.from_dlpack(i), bt_t, r_t, False, out, output_gate=g_t)
                          for i in inp.idx]
                 t_orig = timing.torch_graph_time(calls)["device_s"] * 1e6
+                graph = timing.torch_graph(calls)
+                orig_trace = kernel_trace.summarize(kernel_trace.gpu_kernels(
+                    lambda: [graph.replay() for _ in range(TRACE_REPS)], sync=torch.cuda.synchronize),
+                    TRACE_REPS * n)
+                del graph
             cfg = problem.config
             fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+            busy = lambda t: "" if t is None else f"{t.busy_us_per_call:.1f}"  # noqa: E731
             lines.append(f"| {tp} | {rows} | ({cfg.block_n}, {cfg.num_warps}, {cfg.num_tiles}, "
-                         f"{cfg.num_splits}) | {fmt(t_orig)} | {fmt(t_full)} | {fmt(t_split)} | "
-                         f"{fmt(t_merge)} | {floor1:.1f} | {floor2:.1f} |")
+                         f"{cfg.num_splits}) | {fmt(t_orig)} | {busy(orig_trace)} | "
+                         f"{orig_trace.describe() if orig_trace else ''} | {fmt(t_full)} | "
+                         f"{busy(pallas_trace)} | {pallas_trace.describe() if pallas_trace else ''} | "
+                         f"{fmt(pallas_trace and pallas_trace.median_gap_us)} | {floor1:.1f} | {floor2:.1f} |")
             print(lines[-1], flush=True)
-            variant_lines.append(_variants(tp, rows, geo, problem, inp, kv, t_orig, t_full, device_us))
-            print(variant_lines[-1], flush=True)
+            if a.variants:
+                variant_lines.append(_variants(tp, rows, geo, problem, inp, kv, t_orig, t_full, device_us))
+                print(variant_lines[-1], flush=True)
         del kv, kv_t
     table = "\n".join(lines)
     card = jax.devices()[0].device_kind
+    flags = os.environ.get("XLA_FLAGS") or "(none)"
     text = (f"# Pallas decode time, decomposed — {card}\n\nN = {n} calls per timed unit "
-            f"(fresh selection sets); µs per call.\n\n{table}\n\n## Variants\n\n"
-            + "\n".join(variant_lines) + "\n")
+            f"(fresh selection sets); µs per call; busy = sum of the GPU's kernel durations per call "
+            f"in a profiler trace of {TRACE_REPS} runs; XLA_FLAGS: {flags}.\n\n{table}\n"
+            + ("\n## Variants\n\n" + "\n".join(variant_lines) + "\n" if a.variants else ""))
     print(text)
     if a.out:
         with open(a.out, "w") as f:

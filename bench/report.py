@@ -139,8 +139,39 @@ def markdown(results: dict) -> str:
                 "object was passed before (a serving loop's persistent buffers); *new tensors*: q, the "
                 "gate and the indices are objects never seen before (vLLM's activations).", "",
                 eager, ""]
+    busy = busy_table(results)
+    if busy:
+        out += ["## GPU busy time at small sizes (profiler trace)", "",
+                "At these sizes a JAX executable's host-side cost per run (launching, argument and "
+                "output buffers) can exceed the GPU work of its N calls, so the wall clock of the "
+                "JAX chain measures the launcher. The trace gives the GPU's own time: the sum of the "
+                "kernel durations per call (method: *busy*). The originals' graph replays have no "
+                "launch gaps, so their graph time and busy time agree.", "", busy, ""]
     out += ["## All cases", "", table(results), ""]
     return "\n".join(out)
+
+
+def busy_table(results: dict) -> str:
+    """Per case with a trace: the original's graph and busy time, pallas/triton wall and busy time
+    and busy-time ratio to the original ('' when the run took no trace)."""
+    by_case: dict = {}
+    for r in results["results"]:
+        if r.get("busy_s"):
+            key = (r["op"], r["geometry"], r["rows"], bool(r.get("use_prefill_config")))
+            by_case.setdefault(key, {})[r["impl"]] = r
+    if not by_case:
+        return ""
+    lines = ["| op | where | rows | original graph µs | original busy µs | pallas wall µs | pallas busy µs "
+             "| pallas busy × original | triton busy µs | triton busy × original |", "|" + "---|" * 10]
+    for (op, geo, n, flag), v in by_case.items():
+        o = v.get("original", {})
+        ob = o.get("busy_s")
+        ratio = lambda x: f"{x / ob:.2f}" if (ob and x) else ""  # noqa: E731
+        p, t = v.get("pallas", {}), v.get("triton", {})
+        lines.append(f"| {op} | {geo} | {n}{' (prefill cfg)' if flag else ''} | {_us(o.get('device_s'))} "
+                     f"| {_us(ob)} | {_us(p.get('device_s'))} | {_us(p.get('busy_s'))} "
+                     f"| {ratio(p.get('busy_s'))} | {_us(t.get('busy_s'))} | {ratio(t.get('busy_s'))} |")
+    return "\n".join(lines)
 
 
 def eager_table(results: dict) -> str:

@@ -74,6 +74,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shim-graph", action="store_true",
                    help="try to capture the shim in a CUDA graph (default: time it as an eager loop)")
+    p.add_argument("--trace-rows", type=int,
+                   help="also take a profiler trace (kernel busy time per call) of the original, pallas and "
+                        "triton cases with at most this many rows (default: 64 on a GPU, 0 = none on CPU, "
+                        "where the trace holds no kernels)")
     p.add_argument("--out", help="output folder (default bench/results/<card-slug>_<date>)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -258,6 +262,10 @@ def main(argv=None) -> int:
                            "chain each call after the previous one), dispatched back to back, wall clock; "
                            "both divided by N. The shim (JAX work, which a torch graph cannot capture): N eager "
                            "calls launched back to back, CUDA events, divided by N",
+            "busy": "GPU busy time per call from a profiler trace (CUPTI, via jax.profiler; bench.kernel_trace): "
+                    "the sum of the durations of every kernel the GPU ran during 3 runs of the timed unit "
+                    "(graph replays / executions), divided by the calls; free of host launch gaps. Taken for "
+                    "original, pallas and triton where rows <= --trace-rows",
             "eager": "median wall time of one call from Python followed by a device synchronisation "
                      "(torch.cuda.synchronize / block_until_ready), rotating through the input sets",
             "check": "first call of each case against the original (or, without one, the float64 oracle "
@@ -269,7 +277,8 @@ def main(argv=None) -> int:
 
     ctx = dict(np=np, jax=jax, qsa_jax=qsa_jax, I=I, timing=timing, agreement=agreement,
                orig=orig_mod, shim=shim_mod, gpu=gpu, n_calls=n_calls, eager_calls=eager_calls,
-               copy_gbps=copy_bw["gbps"], progress=progress, shim_graph=args.shim_graph)
+               copy_gbps=copy_bw["gbps"], progress=progress, shim_graph=args.shim_graph,
+               trace_rows=args.trace_rows if args.trace_rows is not None else (64 if gpu else 0))
 
     def _interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -537,9 +546,40 @@ def _jax_measure(ctx, rec, prep, pre_s):
     rec.update(timing.eager_latency(prep.calls, jax.block_until_ready, count=ctx["eager_calls"]))
     chain = prep.live_args is not None
     args = prep.live_args() if chain else prep.args
-    dev, _ = timing.jax_device_time(compiled, args, prep.n, chain=chain)
+    dev, last = timing.jax_device_time(compiled, args, prep.n, chain=chain)
     rec.update(dev)
+    if _traced(ctx, rec):
+        state = {"args": (last, *args[1:]) if chain else args}
+
+        def run_once():
+            out = compiled(*state["args"])
+            if chain:
+                state["args"] = (out, *state["args"][1:])
+            return out
+
+        jax.block_until_ready(run_once())
+        _record_busy(ctx, rec, lambda: [run_once() for _ in range(TRACE_RUNS)],
+                     lambda: jax.block_until_ready(state["args"][0] if chain else run_once()),
+                     TRACE_RUNS * prep.n + (0 if chain else prep.n))
     return got
+
+
+# Runs of the timed unit under the profiler (``--trace-rows``).
+TRACE_RUNS = 3
+
+
+def _traced(ctx, rec) -> bool:
+    return rec["impl"] in ("original", "pallas", "triton") and rec["rows"] <= ctx["trace_rows"]
+
+
+def _record_busy(ctx, rec, run, sync, calls):
+    from bench import kernel_trace
+
+    summary = kernel_trace.summarize(kernel_trace.gpu_kernels(run, sync=sync), calls)
+    if summary is not None:
+        rec["busy_s"] = summary.busy_us_per_call * 1e-6
+        rec["busy_kernels_us"] = summary.mean_us_by_kernel
+        rec["busy_median_gap_us"] = summary.median_gap_us
 
 
 # --- indexer ops ---------------------------------------------------------------------
@@ -695,6 +735,11 @@ def _torch_measure(ctx, rec, impl, calls, fetch):
         if impl == "original" or ctx["shim_graph"]:
             try:
                 rec.update(timing.torch_graph_time(calls))
+                if _traced(ctx, rec):
+                    graph = timing.torch_graph(calls)
+                    _record_busy(ctx, rec, lambda: [graph.replay() for _ in range(TRACE_RUNS)],
+                                 torch.cuda.synchronize, TRACE_RUNS * len(calls))
+                    del graph
             except Exception as exc:
                 if impl == "original":
                     raise

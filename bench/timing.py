@@ -20,13 +20,14 @@ def _reps(t_one: float, target_s: float) -> int:
     return int(min(MAX_REPS, max(MIN_REPS, round(target_s / t_one))))
 
 
-def sequential_calls(fn, sets, *, last_only: bool = False):
+def sequential_calls(fn, sets):
     """Inside a jitted function: ``fn(set_i)`` for each set, call i ordered after call i-1.
 
     The optimization barrier ties set i to the result of call i-1, so XLA can neither
-    fuse nor overlap consecutive calls. Returns every result, or just the last: with
-    large intermediate outputs (the fp32 split partials) returning all N gives each call
-    a fresh buffer where one reused buffer would stay in L2.
+    fuse nor overlap consecutive calls. Every result is returned: XLA removes a call
+    whose result is used only by a barrier (checked on CPU: of N chained calls
+    returning the last result, only the last one is compiled), so returning fewer
+    would time fewer calls than it divides by.
     """
     outs, prev = [], None
     for s in sets:
@@ -34,7 +35,7 @@ def sequential_calls(fn, sets, *, last_only: bool = False):
             s, prev = jax.lax.optimization_barrier((s, prev))
         prev = fn(s)
         outs.append(prev)
-    return outs[-1] if last_only else tuple(outs)
+    return tuple(outs)
 
 
 def compile_jitted(fn, args):
@@ -78,11 +79,10 @@ def jax_device_time(compiled, args, n_calls: int, *, chain: bool = False, target
                       "wall clock"}, (args[0] if chain else None)
 
 
-def torch_graph_time(calls, *, target_s: float = TARGET_S) -> dict:
-    """Seconds per call of a CUDA graph capturing ``calls`` (callables), replayed."""
+def torch_graph(calls):
+    """A CUDA graph capturing ``calls`` (callables) in order, after one warm-up of each."""
     import torch
 
-    n = len(calls)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -96,6 +96,15 @@ def torch_graph_time(calls, *, target_s: float = TARGET_S) -> dict:
             c()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def torch_graph_time(calls, *, target_s: float = TARGET_S) -> dict:
+    """Seconds per call of a CUDA graph capturing ``calls`` (callables), replayed."""
+    import torch
+
+    n = len(calls)
+    graph = torch_graph(calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()
