@@ -130,3 +130,25 @@ def pallas_prefetch(config: SparseAttentionConfig) -> bool:
     """
     del config
     return False
+
+
+# The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
+MERGE_SMALL_BATCH_BLOCK_D = 64
+# Up to this many (row, head) pairs the merge splits D, for more programs than SMs.
+MERGE_SPLIT_D_MAX_PAIRS = 256
+
+
+def pallas_merge_block_d(pairs: int, head_dim: int) -> int:
+    """D columns per program of the Pallas split merge, for ``pairs`` = rows x heads.
+
+    No numeric effect (each output element merges its own column over the splits).
+    At decode one program per (row, head) gives 6-24 programs for 132 SMs, each a
+    chain of dependent loads over the whole [splits, D] slab: the H200 trace had the
+    Pallas merge at 3.6-4.0 µs per call at 1 row against 2.0-2.3 µs for the jax-triton
+    merge, which splits D in 64-wide chunks. With many pairs the chunks only add
+    programs (the jax-triton merge was 2.7x slower than the Pallas one at 64 rows,
+    TP1), so D stays whole there.
+    """
+    if pairs <= MERGE_SPLIT_D_MAX_PAIRS and head_dim % MERGE_SMALL_BATCH_BLOCK_D == 0:
+        return min(head_dim, MERGE_SMALL_BATCH_BLOCK_D)
+    return head_dim

@@ -93,6 +93,46 @@ def test_partial_last_tile_and_block_n_64():
     assert_agrees(_run_sparse(case, case.kv_cache, config=tuple(cfg)), _oracle(case, cfg))
 
 
+@pytest.mark.parametrize("block_d", [8, 16, 32])
+def test_merge_block_d_is_bit_identical(block_d):
+    """The merge's D chunking (more programs at small batches) moves no bit; every
+    chunk is written (the output starts as whatever XLA allocates, and the oracle
+    has no zeros where a missed chunk would leave them)."""
+    import functools
+
+    from qsa_jax.ops.sparse_attention import base, pallas
+
+    case = _small_case(41, rows=5, heads=6, kv_heads=2, d=32, blocks=16, width=131)
+    cfg = (16, 4, 9, 3)
+    C.poison_unreferenced(case, SparseAttentionConfig(*cfg))
+    args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
+            case.output_gate)
+    problem = base.check_sparse_attention_args(*args, use_prefill_config=False, config=cfg)
+    outs = [np.asarray(jax.jit(functools.partial(pallas.run, problem, merge_block_d=b))(
+        case.q, (case.kv_cache,), *args[2:])) for b in (32, block_d)]
+    np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))
+    assert_agrees(outs[1], _oracle(case, SparseAttentionConfig(*cfg)), what=f"merge block_d={block_d}")
+
+
+def test_merge_block_d_heuristic_and_real_head_dim():
+    from qsa_jax.config import pallas_merge_block_d
+
+    assert pallas_merge_block_d(24, 256) == 64  # TP1 decode: 4 programs per (row, head)
+    assert pallas_merge_block_d(64 * 24, 256) == 256  # many pairs: D whole
+    assert pallas_merge_block_d(8, 16) == 16  # D not a multiple of the chunk
+    # The chunked default path at the real D = 256 against the oracle (2 rows x 4 heads).
+    case = _small_case(43, rows=2, heads=4, kv_heads=1, d=256, blocks=12, width=131, edge=False)
+    cfg = SparseAttentionConfig(16, 4, 9, 4)
+    C.poison_unreferenced(case, cfg)
+    assert_agrees(_run_sparse(case, case.kv_cache, config=tuple(cfg)), _oracle(case, cfg),
+                  what="pallas D=256 chunked merge")
+    with pytest.raises(ValueError, match="must divide head_dim"):
+        from qsa_jax.ops.sparse_attention import pallas
+
+        pallas.merge_kernel(type("P", (), {"num_rows": 1, "num_query_heads": 1, "head_dim": 256,
+                                           "config": cfg})(), None, None, jnp.zeros((1, 1, 256)), block_d=48)
+
+
 def test_zero_rows():
     case = _small_case(3, rows=0, edge=False)
     assert _run_sparse(case, case.kv_cache).shape == (0, 6, 16)

@@ -199,9 +199,10 @@ def _gated(attention, gate_fp32):
     return (rounded * (1.0 / (1.0 + jnp.exp(-gate_fp32)))).astype(jnp.bfloat16)
 
 
-def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_s: int):
-    # One program per (row * H + head): weights exp2(lse - max lse) over splits.
+def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_s: int, block_d: int):
+    # One program per (row * H + head, D chunk): weights exp2(lse - max lse) over splits.
     qrow = pl.program_id(0)
+    cols = pl.ds(pl.program_id(1) * block_d, block_d)
     splits = lax.broadcasted_iota(jnp.int32, (block_s,), 0)
     in_range = splits < num_splits
     safe_splits = jnp.minimum(splits, num_splits - 1)
@@ -210,18 +211,18 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_
     has_values = lse_max > -jnp.inf
     weights = jnp.where(in_range & has_values, jnp.exp2(lse - jnp.where(has_values, lse_max, 0.0)), 0.0)
     denominator = jnp.sum(weights)
-    partial = part_ref[safe_splits, qrow, :]  # [S_pow2, D] fp32
+    partial = part_ref[safe_splits, qrow, cols]  # [S_pow2, block_d] fp32
     # Out-of-range splits re-read split S-1; zero them with where (weight 0
     # alone would keep a NaN/inf partial, which cannot occur, but be exact).
     partial = jnp.where(in_range[:, None], partial, 0.0)
     merged = jnp.sum(partial * weights[:, None], axis=0)
     merged = jnp.where(denominator > 0, merged / jnp.where(denominator > 0, denominator, 1.0), 0.0)
-    gate = gate_ref[qrow, :].astype(jnp.float32)
-    o_ref[qrow, :] = _gated(merged, gate)
+    gate = gate_ref[qrow, cols].astype(jnp.float32)
+    o_ref[qrow, cols] = _gated(merged, gate)
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-        token_to_req, output_gate, *, prefetch: bool | None = None):
+        token_to_req, output_gate, *, prefetch: bool | None = None, merge_block_d: int | None = None):
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     if rows == 0:
@@ -231,7 +232,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     if p.config.num_splits == 1:
         return result.reshape(rows, heads, d)
     partial, lse = result
-    return merge_kernel(p, partial, lse, output_gate)
+    return merge_kernel(p, partial, lse, output_gate, block_d=merge_block_d)
 
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
@@ -280,14 +281,23 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     )(q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
 
 
-def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate):
-    """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials."""
+def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_d: int | None = None):
+    """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials.
+
+    ``block_d`` (D columns per program; no numeric effect) overrides
+    ``config.pallas_merge_block_d``."""
+    from qsa_jax.config import pallas_merge_block_d
+
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     num_splits = p.config.num_splits
+    block_d = block_d or pallas_merge_block_d(rows * heads, d)
+    if d % block_d:
+        raise ValueError(f"merge block_d={block_d} must divide head_dim={d}")
     merged = pl.pallas_call(
-        functools.partial(_merge_kernel, num_splits=num_splits, block_s=next_pow2(num_splits)),
+        functools.partial(_merge_kernel, num_splits=num_splits, block_s=next_pow2(num_splits),
+                          block_d=block_d),
         out_shape=jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16),
-        grid=(rows * heads,),
+        grid=(rows * heads, d // block_d),
         in_specs=[pl.no_block_spec] * 3,
         out_specs=pl.no_block_spec,
         compiler_params=plgpu.CompilerParams(num_warps=2, num_stages=1),
