@@ -58,9 +58,11 @@ def describe(gpu: bool) -> dict:
         "versions": {k: _version(k) for k in (
             "jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "torch", "triton",
             "jax-triton", "numpy", "ml-dtypes")},
-        # The lent GPU machine gets the tree without .git: QSA_GIT_COMMIT can name the commit.
-        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("QSA_GIT_COMMIT"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # The lent GPU machine gets the working tree with a stale .git (the session's first
+        # commit, so "dirty"): QSA_GIT_COMMIT, when set, names the commit that was sent.
+        "git_commit": os.environ.get("QSA_GIT_COMMIT") or _git("rev-parse", "HEAD"),
+        "git_dirty": (False if os.environ.get("QSA_GIT_COMMIT")
+                      else bool(_git("status", "--porcelain", "--untracked-files=no"))),
         "jax_backend": jax.default_backend(),
         "jax_devices": [str(d) for d in jax.devices()],
         "env": {k: os.environ.get(k) for k in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_FLAGS",

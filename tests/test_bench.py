@@ -168,3 +168,18 @@ def test_kernel_trace_summary_and_cpu_trace():
     f = jax.jit(lambda x: x * 2)
     x = jnp.ones((4,))
     assert kernel_trace.gpu_kernels(lambda: f(x), sync=lambda: jax.block_until_ready(f(x))) == []
+
+
+def test_decode_sweep_cpu_smoke(tmp_path, monkeypatch):
+    """bench.decode_sweep runs every launch-knob variant on CPU; all give the default's bits."""
+    import sys
+
+    from bench import decode_sweep
+
+    out = tmp_path / "sweep.md"
+    monkeypatch.setattr(sys, "argv", ["decode_sweep", "--cases", "TP4:1", "--n-calls", "2", "--runs", "1",
+                                      "--out", str(out)])
+    assert decode_sweep.main() == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| TP4 | 1 |")]
+    assert len(rows) == len(decode_sweep.VARIANTS)
+    assert all(line.rstrip().endswith("| yes |") for line in rows)

@@ -50,6 +50,9 @@ from qsa_jax.ops.sparse_attention.base import (
 DEFAULT_NUM_STAGES = 2
 
 
+MERGE_WARPS = 2
+
+
 def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int, int]:
     """(block_n, num_warps, num_tiles, num_splits, num_stages) for this call.
 
@@ -222,7 +225,8 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-        token_to_req, output_gate, *, prefetch: bool | None = None, merge_block_d: int | None = None):
+        token_to_req, output_gate, *, prefetch: bool | None = None, merge_block_d: int | None = None,
+        merge_warps: int | None = None):
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     if rows == 0:
@@ -232,7 +236,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     if p.config.num_splits == 1:
         return result.reshape(rows, heads, d)
     partial, lse = result
-    return merge_kernel(p, partial, lse, output_gate, block_d=merge_block_d)
+    return merge_kernel(p, partial, lse, output_gate, block_d=merge_block_d, num_warps=merge_warps)
 
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
@@ -281,11 +285,12 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     )(q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
 
 
-def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_d: int | None = None):
+def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_d: int | None = None,
+                 num_warps: int | None = None):
     """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials.
 
-    ``block_d`` (D columns per program; no numeric effect) overrides
-    ``config.pallas_merge_block_d``."""
+    ``block_d`` (D columns per program) and ``num_warps`` override
+    ``config.pallas_merge_block_d`` and ``MERGE_WARPS``; neither moves a bit."""
     from qsa_jax.config import pallas_merge_block_d
 
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
@@ -300,7 +305,7 @@ def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_
         grid=(rows * heads, d // block_d),
         in_specs=[pl.no_block_spec] * 3,
         out_specs=pl.no_block_spec,
-        compiler_params=plgpu.CompilerParams(num_warps=2, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or MERGE_WARPS, num_stages=1),
         interpret=interpret(),
         name="qsa_merge_splits",
     )(partial, lse, output_gate.reshape(rows * heads, d))

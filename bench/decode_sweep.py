@@ -1,0 +1,92 @@
+"""GPU busy time of the Pallas sparse-attention call's launch knobs at decode sizes.
+
+    python -m bench.decode_sweep [--cases TP1:1,TP4:1,TP1:4] [--n-calls 10] [--out FILE]
+
+Every variant keeps the tiling (block_n, tiles, splits: the numerics) and changes
+only how it is launched: the split kernel's warps, the merge's D chunk and warps.
+Each is timed by a profiler trace (``bench.kernel_trace``: the sum of the GPU's
+kernel durations per call; wall clocks at these sizes measure XLA's launcher) in
+one process on the same inputs, with the default first, and checked against the
+default's output (bit-identical expected: the knobs reorder no arithmetic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import jax
+import numpy as np
+
+# (split warps or None = default, merge block_d or None, merge warps or None)
+VARIANTS = ((None, None, None), (2, None, None), (8, None, None), (None, 32, None), (None, 32, 4),
+            (None, 64, 1), (None, 64, 4), (None, 128, 2), (None, 256, 2))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="TP1:1,TP4:1,TP1:4")
+    ap.add_argument("--n-calls", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3, help="runs of the chain under the profiler")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+
+    from bench import inputs, kernel_trace
+    from bench.timing import sequential_calls
+    from qsa_jax.ops.sparse_attention import pallas as P
+    from qsa_jax.ops.sparse_attention.api import _plan
+
+    gpu = jax.default_backend() == "gpu"
+    n = a.n_calls
+    lines = ["| where | rows | split warps | merge block_d | merge warps | busy µs/call | kernels: mean µs "
+             "| same bits as default |", "|" + "---|" * 8]
+    for case in a.cases.split(","):
+        tp, rows = case.split(":")
+        rows = int(rows)
+        geo = inputs.geometry(tp, cpu=not gpu, pool_gb=1.0)
+        _, kv = inputs.make_pool(geo, gpu=False, seed=3)
+        inp = inputs.sparse_inputs(geo, rows, n, seed=rows)
+        problem, _ = _plan(inp.q, kv, inp.idx[0], inp.block_table, inp.token_to_req, inp.gate,
+                           use_prefill_config=False, config=None, implementation="pallas")
+        args = (inp.q, kv, inp.block_table, inp.token_to_req, inp.gate, tuple(inp.idx))
+        default_bits = None
+        for split_warps, block_d, merge_warps in VARIANTS:
+            p = problem
+            if split_warps is not None:
+                p = dataclasses.replace(problem, config=problem.config._replace(num_warps=split_warps),
+                                        config_explicit=True)
+            if block_d is not None and geo.head_dim % block_d:
+                continue
+
+            def chain(q, kv, bt, t2r, gate, idx_sets, p=p, block_d=block_d, merge_warps=merge_warps):
+                return sequential_calls(lambda i: P.run(p, q, (kv,), i, bt, t2r, gate, merge_block_d=block_d,
+                                                        merge_warps=merge_warps), idx_sets)
+
+            fn = jax.jit(chain)
+            first = np.asarray(fn(*args)[0]).view(np.uint16)
+            if default_bits is None:
+                default_bits = first
+            summary = kernel_trace.summarize(kernel_trace.gpu_kernels(
+                lambda: [fn(*args) for _ in range(a.runs)], sync=lambda: jax.block_until_ready(fn(*args))),
+                (a.runs + 1) * n)
+            busy = f"{summary.busy_us_per_call:.2f}" if summary else ""
+            kernels = summary.describe() if summary else ""
+            same = "yes" if np.array_equal(first, default_bits) else "NO"
+            show = lambda v: "default" if v is None else str(v)  # noqa: E731
+            lines.append(f"| {tp} | {rows} | {show(split_warps)} | {show(block_d)} | {show(merge_warps)} | "
+                         f"{busy} | {kernels} | {same} |")
+            print(lines[-1], flush=True)
+        del kv
+    card = jax.devices()[0].device_kind
+    text = (f"# Pallas decode launch knobs — {card}\n\nN = {n} calls per chain, {a.runs} traced runs; busy = "
+            f"sum of kernel durations per call.\n\n" + "\n".join(lines) + "\n")
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
