@@ -290,7 +290,8 @@ def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_
     """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials.
 
     ``block_d`` (D columns per program) and ``num_warps`` override
-    ``config.pallas_merge_block_d`` and ``MERGE_WARPS``; neither moves a bit."""
+    ``config.pallas_merge_block_d`` and ``MERGE_WARPS``: the same arithmetic, though
+    on the GPU the sum over splits may associate differently (last bits)."""
     from qsa_jax.config import pallas_merge_block_d
 
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
