@@ -134,6 +134,27 @@ def test_merge_block_d_heuristic_and_real_head_dim():
                                            "config": cfg})(), None, None, jnp.zeros((1, 1, 256)), block_d=48)
 
 
+def test_hopper_launch_table_is_keyed_by_device(monkeypatch):
+    """The Hopper launch table (2 warps where the originals use 1) applies on a Hopper GPU
+    only, and never over an explicit config."""
+    import dataclasses
+
+    from qsa_jax import config as config_module
+    from qsa_jax.ops.sparse_attention import base, pallas
+
+    case = _small_case(5, rows=3, edge=False)
+    args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
+            case.output_gate)
+    auto = base.check_sparse_attention_args(*args, use_prefill_config=False, config=None)
+    auto = dataclasses.replace(auto, config=auto.config._replace(num_warps=1))
+    explicit = base.check_sparse_attention_args(*args, use_prefill_config=False, config=(16, 1, 9, 1))
+    assert config_module.running_on_hopper() is False  # CPU
+    assert pallas._launch_params(auto)[1] == 1
+    monkeypatch.setattr(config_module, "running_on_hopper", lambda: True)
+    assert pallas._launch_params(auto)[1] == 2
+    assert pallas._launch_params(explicit)[1] == 1
+
+
 def test_zero_rows():
     case = _small_case(3, rows=0, edge=False)
     assert _run_sparse(case, case.kv_cache).shape == (0, 6, 16)

@@ -58,14 +58,14 @@ def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int,
 
     The tiling always comes from ``problem.config``: it is part of the
     numerical contract (which tiles share a running maximum). The Triton knobs
-    (warps, stages) come from the Hopper table in ``qsa_jax.config`` unless the
-    caller passed ``config=``, which is then used exactly as given.
+    (warps, stages) come from the Hopper table in ``qsa_jax.config`` on a Hopper
+    GPU unless the caller passed ``config=``, which is then used exactly as given.
     """
+    from qsa_jax.config import pallas_hopper_launch, running_on_hopper
+
     cfg = problem.config
     warps, stages = cfg.num_warps, DEFAULT_NUM_STAGES
-    if not problem.config_explicit:
-        from qsa_jax.config import pallas_hopper_launch
-
+    if not problem.config_explicit and running_on_hopper():
         warps, stages = pallas_hopper_launch(cfg)
     return cfg.block_n, warps, cfg.num_tiles, cfg.num_splits, stages
 

@@ -18,7 +18,6 @@ so a deployment compiles one kernel per distinct tiling, not per batch size.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -41,17 +40,12 @@ def why_not() -> str | None:
     return _triton_support.why_not(_IMPORT_ERROR)
 
 
-@functools.lru_cache(maxsize=None)
-def _is_hopper() -> bool:
-    cc = getattr(jax.devices()[0], "compute_capability", "")
-    return str(cc).startswith("9.")
-
-
 def launch_config(problem: SparseAttentionProblem):
     """The config this implementation launches with (see the module docstring)."""
-    if problem.config_explicit or not _is_hopper():
+    from qsa_jax.config import running_on_hopper, tune_config_for_hopper
+
+    if problem.config_explicit or not running_on_hopper():
         return problem.config
-    from qsa_jax.config import tune_config_for_hopper
 
     return tune_config_for_hopper(problem.config, problem.num_rows, problem.num_kv_heads)
 
