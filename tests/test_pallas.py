@@ -317,3 +317,12 @@ def test_cache_past_int32_elements_is_addressed_in_64_bits(cuda_lowering, monkey
     assert len(kv_loads) == 2, kv_loads  # one K gather, one V gather per tile
     for line in kv_loads:
         assert re.search(r"tensor<\d+x\d+xi64>", line), line
+
+
+@pytest.mark.gpu
+def test_gpu_hopper_detection_matches_the_card():
+    """The Hopper launch tables key on compute capability 9.x: on an H100/H200 they must apply."""
+    from qsa_jax.config import running_on_hopper
+
+    kind = jax.devices()[0].device_kind
+    assert running_on_hopper() == any(name in kind for name in ("H100", "H200", "H800", "H20")), kind
