@@ -218,6 +218,17 @@ def add_edge_rows(rng: np.random.Generator, case: SparseAttentionCase) -> Sparse
     return case
 
 
+def gpu_kernel_case(rows: int, *, num_query_heads: int, num_kv_heads: int) -> SparseAttentionCase:
+    """A GPU-sized case for kernel-vs-kernel checks: the real D = 256 and W = 2051, pages of
+    64, every degenerate row kind, and NaN in every cache row the kernels must not read."""
+    rng = np.random.default_rng(rows)
+    case = sparse_attention_case(
+        rng, rows=rows, num_query_heads=num_query_heads, num_kv_heads=num_kv_heads, head_dim=256,
+        page_size=64, selection_blocks=512, context_tokens=4096, num_requests=min(rows, 4))
+    add_edge_rows(rng, case)
+    return poison_unreferenced(case)
+
+
 def qkv_with_query(q: np.ndarray, kv_heads: int, *, leading_heads: int = 0) -> tuple[np.ndarray, int]:
     """q embedded in a fused-projection-like ``[R, (leading + H + 2 Hk) * D]`` bf16 array
     (vLLM's qkv, optionally with other heads before q), every other column NaN.

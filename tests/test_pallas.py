@@ -276,12 +276,7 @@ def test_triton_lowering_compress_and_store(cuda_lowering):
 @pytest.mark.parametrize("rows", [1, 7, 64, 600])
 def test_gpu_pallas_matches_xla(rows):
     """Real Triton kernels vs the XLA reference (same arithmetic) at D=256."""
-    rng = np.random.default_rng(rows)
-    case = C.sparse_attention_case(
-        rng, rows=rows, num_query_heads=24, num_kv_heads=2, head_dim=256, page_size=64,
-        selection_blocks=512, context_tokens=4096, num_requests=min(rows, 4))
-    C.add_edge_rows(rng, case)
-    C.poison_unreferenced(case)
+    case = C.gpu_kernel_case(rows, num_query_heads=24, num_kv_heads=2)
     for kv in (case.kv_cache, case.split_caches()):
         args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
         got = np.asarray(qsa_jax.sparse_attention(*args, implementation="pallas"))

@@ -182,12 +182,7 @@ def test_lowering_reads_strided_q_in_place(monkeypatch):
 def test_gpu_strided_query_is_bit_identical(implementation, rows):
     if implementation not in qsa_jax.available_implementations("sparse_attention"):
         pytest.skip(f"{implementation} is not available here")
-    rng = np.random.default_rng(rows)
-    case = C.sparse_attention_case(
-        rng, rows=rows, num_query_heads=32, num_kv_heads=4, head_dim=256, page_size=64,
-        selection_blocks=512, context_tokens=4096, num_requests=min(rows, 4))
-    C.add_edge_rows(rng, case)
-    C.poison_unreferenced(case)
+    case = C.gpu_kernel_case(rows, num_query_heads=32, num_kv_heads=4)
     qkv, start = C.qkv_with_query(case.q, 4)
     view = StridedQuery.from_columns(jnp.asarray(qkv), start=start, num_heads=32, head_dim=256)
     want = _attention(case, case.q, implementation)
