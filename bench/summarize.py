@@ -14,6 +14,15 @@ import pathlib
 IMPL_ORDER = ("original", "xla", "pallas", "triton", "shim")
 
 
+# A JAX wall clock this much above the GPU busy time of the same case is XLA's host work.
+HOST_BOUND_RATIO = 1.2
+
+
+def _host_bound(r) -> bool:
+    dev, busy = r.get("device_s"), r.get("busy_s")
+    return bool(dev and busy and r["impl"] != "original" and dev > HOST_BOUND_RATIO * busy)
+
+
 def _cell(r, with_ratio: bool) -> str:
     if r is None:
         return ""
@@ -27,6 +36,8 @@ def _cell(r, with_ratio: bool) -> str:
         txt += f", ×{r['ratio_to_original']:.2f}"
     if str(r.get("method", "")).startswith("eager loop"):
         txt += " †"
+    if _host_bound(r):
+        txt += f" ‡ (GPU busy {r['busy_s'] * 1e6:,.1f} µs)"
     chk = r.get("check")
     if chk and not chk.get("ok", True):
         txt += " **FAIL**"
@@ -61,6 +72,10 @@ def summary_table(results: dict) -> str:
         lines += ["", "† timed as N eager calls launched back to back (CUDA events), not a CUDA graph: "
                       "its JAX work cannot be captured in one; where its host cost per call exceeds the "
                       "device time, this is the host cost."]
+    if any(_host_bound(r) for r in recs):
+        lines += ["", f"‡ wall clock more than {HOST_BOUND_RATIO}× the GPU busy time of the same calls "
+                      "(profiler trace): XLA's host work per execution set the pace, not the kernels; "
+                      "compare the busy time."]
     return "\n".join(lines)
 
 

@@ -183,3 +183,21 @@ def test_decode_sweep_cpu_smoke(tmp_path, monkeypatch):
     rows = [line for line in out.read_text().splitlines() if line.startswith("| TP4 | 1 |")]
     assert len(rows) == len(decode_sweep.VARIANTS)
     assert all(line.rstrip().endswith("| yes |") for line in rows)
+
+
+def test_summary_marks_host_bound_cells():
+    from bench import summarize
+
+    def rec(impl, dev, busy=None):
+        return {"op": "sparse_attention", "geometry": "TP1", "rows": 1, "impl": impl, "device_s": dev,
+                "busy_s": busy, "pct_copy_bw": 5.0, "ratio_to_original": dev / 10e-6}
+
+    res = {"machine": {"card": "card", "date": "d"}, "copy_bandwidth": {"gbps": 4000.0},
+           "settings": {"n_calls": 20},
+           "results": [rec("original", 10e-6, 20e-6), rec("pallas", 19e-6, 8e-6), rec("triton", 11e-6, 10e-6)]}
+    table = summarize.summary_table(res)
+    row = [line for line in table.splitlines() if line.startswith("| 1 |")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "‡ (GPU busy 8.0 µs)" in cells[2]  # pallas: 19 > 1.2 x 8
+    assert "‡" not in cells[1] and "‡" not in cells[3]  # original never; triton 11 < 1.2 x 10
+    assert "‡ wall clock more than" in table
