@@ -110,7 +110,7 @@ def main() -> int:
     a = ap.parse_args()
 
     import qsa_jax
-    from bench import inputs, kernel_trace, timing
+    from bench import inputs, kernel_trace, report, timing
     from bench.timing import sequential_calls
     from qsa_jax.ops.sparse_attention.api import _plan
 
@@ -159,9 +159,8 @@ def main() -> int:
             full_jit = jax.jit(full)
             args = common + (tuple(inp.idx),)
             jax.block_until_ready(full_jit(*args))
-            pallas_trace = kernel_trace.summarize(kernel_trace.gpu_kernels(
-                lambda: [full_jit(*args) for _ in range(TRACE_REPS)], sync=lambda: jax.block_until_ready(
-                    full_jit(*args))), (TRACE_REPS + 1) * n)
+            pallas_trace = kernel_trace.trace_runs(lambda: full_jit(*args), runs=TRACE_REPS, calls_per_run=n,
+                                                   wait=jax.block_until_ready)
             t_orig, orig_trace = None, None
             if orig is not None:
                 k_c, v_c = kv_views(kv_t, geo.head_dim)
@@ -173,9 +172,8 @@ def main() -> int:
                          for i in inp.idx]
                 t_orig = timing.torch_graph_time(calls)["device_s"] * 1e6
                 graph = timing.torch_graph(calls)
-                orig_trace = kernel_trace.summarize(kernel_trace.gpu_kernels(
-                    lambda: [graph.replay() for _ in range(TRACE_REPS)], sync=torch.cuda.synchronize),
-                    TRACE_REPS * n)
+                orig_trace = kernel_trace.trace_runs(graph.replay, runs=TRACE_REPS, calls_per_run=n,
+                                                     wait=lambda _: torch.cuda.synchronize())
                 del graph
             cfg = problem.config
             fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
@@ -197,10 +195,7 @@ def main() -> int:
             f"(fresh selection sets); µs per call; busy = sum of the GPU's kernel durations per call "
             f"in a profiler trace of {TRACE_REPS} runs; XLA_FLAGS: {flags}.\n\n{table}\n"
             + ("\n## Variants\n\n" + "\n".join(variant_lines) + "\n" if a.variants else ""))
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    report.print_and_write(text, a.out)
     return 0
 
 

@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--out")
     a = ap.parse_args()
 
-    from bench import inputs, kernel_trace
+    from bench import inputs, kernel_trace, report
     from bench.timing import sequential_calls
     from qsa_jax.ops.sparse_attention import pallas as P
     from qsa_jax.ops.sparse_attention.api import _plan
@@ -70,9 +70,8 @@ def main() -> int:
             first = np.asarray(fn(*args)[0]).view(np.uint16)
             if default_bits is None:
                 default_bits = first
-            summary = kernel_trace.summarize(kernel_trace.gpu_kernels(
-                lambda: [fn(*args) for _ in range(a.runs)], sync=lambda: jax.block_until_ready(fn(*args))),
-                (a.runs + 1) * n)
+            summary = kernel_trace.trace_runs(lambda: fn(*args), runs=a.runs, calls_per_run=n,
+                                              wait=jax.block_until_ready)
             busy = f"{summary.busy_us_per_call:.2f}" if summary else ""
             kernels = summary.describe() if summary else ""
             same = "yes" if np.array_equal(first, default_bits) else "NO"
@@ -84,10 +83,7 @@ def main() -> int:
     card = jax.devices()[0].device_kind
     text = (f"# Pallas decode launch knobs — {card}\n\nN = {n} calls per chain, {a.runs} traced runs; busy = "
             f"sum of kernel durations per call.\n\n" + "\n".join(lines) + "\n")
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    report.print_and_write(text, a.out)
     return 0
 
 

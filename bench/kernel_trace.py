@@ -31,8 +31,8 @@ class Kernel:
         return self.start_ns + self.duration_ns
 
 
-def gpu_kernels(run, *, sync=None) -> list[Kernel]:
-    """Every kernel the GPU ran during ``run()`` (then ``sync()``), sorted by start.
+def gpu_kernels(run) -> list[Kernel]:
+    """Every kernel the GPU ran during ``run()`` (which waits for its work), sorted by start.
 
     Empty without a GPU. The stream lines of the trace's GPU planes hold the
     kernels (and copies) of every library in the process, torch's included.
@@ -41,8 +41,6 @@ def gpu_kernels(run, *, sync=None) -> list[Kernel]:
         try:
             with jax.profiler.trace(d):
                 run()
-                if sync is not None:
-                    sync()
         except Exception as exc:  # noqa: BLE001 -- e.g. no CUPTI: report, leave the columns empty
             print(f"kernel trace failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return []
@@ -92,3 +90,16 @@ def summarize(kernels: list[Kernel], calls: int, *, only=None) -> TraceSummary |
         busy_us_per_call=sum(k.duration_ns for k in kernels) / calls / 1e3,
         median_gap_us=statistics.median(gaps) / 1e3 if gaps else 0.0,
         mean_us_by_kernel={n: statistics.fmean(d) / 1e3 for n, d in by_name.items()})
+
+
+def trace_runs(run_once, *, runs: int, calls_per_run: int, wait) -> TraceSummary | None:
+    """Summary of ``runs`` back-to-back ``run_once()`` (each making ``calls_per_run``
+    calls) under the profiler; ``wait(last result)`` holds the trace open until the
+    GPU is done. None without a GPU."""
+    def run():
+        out = None
+        for _ in range(runs):
+            out = run_once()
+        wait(out)
+
+    return summarize(gpu_kernels(run), runs * calls_per_run)

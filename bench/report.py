@@ -151,6 +151,13 @@ def markdown(results: dict) -> str:
     return "\n".join(out)
 
 
+def print_and_write(text: str, path: str | None) -> None:
+    """Print a small tool's markdown report, and write it to ``path`` when given."""
+    print(text)
+    if path:
+        pathlib.Path(path).write_text(text)
+
+
 def busy_table(results: dict) -> str:
     """Per case with a trace: the original's graph and busy time, pallas/triton wall and busy time
     and busy-time ratio to the original ('' when the run took no trace)."""

@@ -549,18 +549,16 @@ def _jax_measure(ctx, rec, prep, pre_s):
     dev, last = timing.jax_device_time(compiled, args, prep.n, chain=chain)
     rec.update(dev)
     if _traced(ctx, rec):
-        state = {"args": (last, *args[1:]) if chain else args}
+        current = (last, *args[1:]) if chain else args
 
         def run_once():
-            out = compiled(*state["args"])
-            if chain:
-                state["args"] = (out, *state["args"][1:])
+            nonlocal current
+            out = compiled(*current)
+            if chain:  # the donated cache: the next run takes this run's result
+                current = (out, *current[1:])
             return out
 
-        jax.block_until_ready(run_once())
-        _record_busy(ctx, rec, lambda: [run_once() for _ in range(TRACE_RUNS)],
-                     lambda: jax.block_until_ready(state["args"][0] if chain else run_once()),
-                     TRACE_RUNS * prep.n + (0 if chain else prep.n))
+        _record_busy(rec, run_once, prep.n, jax.block_until_ready)
     return got
 
 
@@ -572,10 +570,10 @@ def _traced(ctx, rec) -> bool:
     return rec["impl"] in ("original", "pallas", "triton") and rec["rows"] <= ctx["trace_rows"]
 
 
-def _record_busy(ctx, rec, run, sync, calls):
+def _record_busy(rec, run_once, calls_per_run, wait):
     from bench import kernel_trace
 
-    summary = kernel_trace.summarize(kernel_trace.gpu_kernels(run, sync=sync), calls)
+    summary = kernel_trace.trace_runs(run_once, runs=TRACE_RUNS, calls_per_run=calls_per_run, wait=wait)
     if summary is not None:
         rec["busy_s"] = summary.busy_us_per_call * 1e-6
         rec["busy_kernels_us"] = summary.mean_us_by_kernel
@@ -737,8 +735,7 @@ def _torch_measure(ctx, rec, impl, calls, fetch):
                 rec.update(timing.torch_graph_time(calls))
                 if _traced(ctx, rec):
                     graph = timing.torch_graph(calls)
-                    _record_busy(ctx, rec, lambda: [graph.replay() for _ in range(TRACE_RUNS)],
-                                 torch.cuda.synchronize, TRACE_RUNS * len(calls))
+                    _record_busy(rec, graph.replay, len(calls), lambda _: torch.cuda.synchronize())
                     del graph
             except Exception as exc:
                 if impl == "original":

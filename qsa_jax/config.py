@@ -159,8 +159,9 @@ def pallas_merge_block_d(pairs: int, head_dim: int) -> int:
     The same arithmetic for every element, but on the GPU the sum over splits can
     associate differently with another block shape (last-bit differences before the
     bf16 rounding, seen at 4 rows TP1 in bench.decode_sweep; none at 1 row; none in
-    interpret mode); parity with the originals is tested at both settings. At decode one program per (row, head) gives 6-24 programs for 132 SMs, each a
-    chain of dependent loads over the whole [splits, D] slab: the H200 trace had the
+    interpret mode); parity with the originals is tested at both settings. At decode
+    one program per (row, head) gives 6-24 programs for 132 SMs, each a chain of
+    dependent loads over the whole [splits, D] slab: the H200 trace had the
     Pallas merge at 3.6-4.0 µs per call at 1 row against 2.0-2.3 µs for the jax-triton
     merge, which splits D in 64-wide chunks. With many pairs the chunks only add
     programs (the jax-triton merge was 2.7x slower than the Pallas one at 64 rows,

@@ -167,7 +167,7 @@ def test_kernel_trace_summary_and_cpu_trace():
     assert kernel_trace.summarize([], 2) is None
     f = jax.jit(lambda x: x * 2)
     x = jnp.ones((4,))
-    assert kernel_trace.gpu_kernels(lambda: f(x), sync=lambda: jax.block_until_ready(f(x))) == []
+    assert kernel_trace.gpu_kernels(lambda: jax.block_until_ready(f(x))) == []
 
 
 def test_decode_sweep_cpu_smoke(tmp_path, monkeypatch):
