@@ -26,6 +26,7 @@ from qsa_torch_shim.ops import (
     warmup_qsa_sparse_paged_attention,
     warmup_rows,
 )
+from qsa_torch_shim._private_api import PATHS as IMPORT_PATHS
 from qsa_torch_shim.latency import measure_eager_latency
 
 ORIGINAL_MODULE = "vllm.models.qwen4_exp.nvidia.ops.qsa"
