@@ -105,3 +105,27 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return tuple((bn, splits, warps) for bn, warps, _, splits in profiles)
+
+
+def public_warmup(fp8_tables: bool, version: str):
+    """The drop-in ``warmup_qsa_sparse_paged_attention`` of vLLM ``version``'s surface
+    (same signature in 0.30.0 and 0.34.0; only 0.34.0 reads a uint8 cache as fp8)."""
+
+    def warmup_qsa_sparse_paged_attention(
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        *,
+        num_query_heads: int,
+        selection_width: int,
+        rows=None,
+        with_out: bool = True,
+        implementation: str | None = None,
+    ) -> tuple[tuple[int, int, int], ...]:
+        return warmup(kv_cache, block_table, num_query_heads=num_query_heads,
+                      selection_width=selection_width, rows=rows, with_out=with_out,
+                      implementation=implementation, fp8_tables=fp8_tables)
+
+    warmup_qsa_sparse_paged_attention.__doc__ = (
+        f"Compile the shim's calls for this deployment; returns vLLM {version}'s summary. "
+        "See ``qsa_torch_shim._warmup.warmup`` for what is compiled.")
+    return warmup_qsa_sparse_paged_attention

@@ -139,19 +139,5 @@ def qsa_compress_groups_with_ratio(
     return _eager.compress_groups_impl(*args)
 
 
-def warmup_qsa_sparse_paged_attention(
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    *,
-    num_query_heads: int,
-    selection_width: int,
-    rows=None,
-    with_out: bool = True,
-    implementation: str | None = None,
-) -> tuple[tuple[int, int, int], ...]:
-    """Compile the shim's calls for this deployment; returns 0.34.0's summary (a uint8
-    ``kv_cache`` is an fp8 cache). See ``_warmup.warmup`` for what is compiled."""
-    return _warmup.warmup(kv_cache, block_table, num_query_heads=num_query_heads,
-                          selection_width=selection_width, rows=rows, with_out=with_out,
-                          implementation=implementation)
-
+# A uint8 kv_cache is an fp8 cache (0.34.0's rule).
+warmup_qsa_sparse_paged_attention = _warmup.public_warmup(fp8_tables=True, version="0.34.0")

@@ -53,17 +53,4 @@ def qsa_sparse_paged_attention(
                                        implementation, None)
 
 
-def warmup_qsa_sparse_paged_attention(
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    *,
-    num_query_heads: int,
-    selection_width: int,
-    rows=None,
-    with_out: bool = True,
-    implementation: str | None = None,
-) -> tuple[tuple[int, int, int], ...]:
-    """Compile the shim's calls for this deployment; returns 0.30.0's summary."""
-    return _warmup.warmup(kv_cache, block_table, num_query_heads=num_query_heads,
-                          selection_width=selection_width, rows=rows, with_out=with_out,
-                          implementation=implementation, fp8_tables=False)
+warmup_qsa_sparse_paged_attention = _warmup.public_warmup(fp8_tables=False, version="0.30.0")
