@@ -225,3 +225,16 @@ def test_fp8_warmup_returns_0_34_summary():
     want = sorted({orig._select_config(r, hk, f, 2051, True) for r in range(1, 8193)
                    for f in (False, True)})
     assert got == tuple((bn, s, w) for bn, w, _, s in want)
+
+
+@pytest.mark.gpu
+def test_gpu_select_config_matches_0_34_on_this_device():
+    """On a GPU, 0.34 picks its table by compute capability (sm_90: the H20-tuned one); the
+    shim answers what qsa_jax's table gives, which must be the same."""
+    orig = originals.load_or_skip("0.34.0")
+    for rows in (1, 2, 8, 12, 16, 32, 64, 128, 256, 512, 1024, 1025, 2048, 4096):
+        for hk in (1, 2):
+            for flag in (False, True):
+                for fp8 in (False, True):
+                    assert S._select_config(rows, hk, flag, 2051, fp8) == \
+                        orig._select_config(rows, hk, flag, 2051, fp8), (rows, hk, flag, fp8)
