@@ -8,8 +8,11 @@
 # 2. Install qsa-jax[torch] with torch==2.14.0 (it brings triton 3.8; jax-triton is left
 #    out, so the jax-triton tests skip) into a scratch venv outside the repository and run
 #    the shim's CPU tests there.
-# Measured on the 2-core CI machine: each resolution 15-20 s; the torch 2.14 venv about
-# 65 s to install (6 GB on disk, CUDA wheels included), reused by later runs; tests ~2 min.
+# Measured on the 2-core CI machine (2026-12-03, another job running beside it): the three
+# resolutions 26-42 s each; the torch 2.14 venv 167 s to create and install the first time
+# (6 GB on disk, CUDA wheels included; reused by later runs on the same machine); the shim
+# tests under torch 2.14 185 s (249 passed, 48 skipped: GPU, and fp8 until qsa_jax has it).
+# In all 7m46s.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
