@@ -1,6 +1,6 @@
 """Deterministic NumPy input builders shared by tests, golden recording and benchmarks.
 
-Selections follow how vLLM fills ``logical_indices`` (DESIGN.md §3): for a row at
+Selections follow how vLLM fills ``logical_indices`` (docs/spec.md §5.2): for a row at
 query position ``pos`` with ``visible = (pos + 1) // 4`` complete compressed
 blocks, the tokens of ``min(visible, blocks)`` distinct blocks in indexer
 (random) order, 4 tokens each; then the open group's causal tail

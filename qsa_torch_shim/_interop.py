@@ -1,6 +1,6 @@
 """Moving torch tensors into JAX and results back, without copying large data.
 
-Facts this relies on (jax 0.11.2, torch 2.11; DESIGN.md §4):
+Facts this relies on (jax 0.11.2, torch 2.11; docs/spec.md §8):
 
 * ``jax.dlpack.from_dlpack`` calls ``tensor.__dlpack__(stream=<JAX's stream>)``;
   torch then records an event on its *current* stream and makes JAX's stream
@@ -257,7 +257,7 @@ def _view_key(t: torch.Tensor) -> tuple:
 class PersistentImports:
     """Cache of JAX imports of torch tensors, valid for as long as the tensor object lives.
 
-    An import costs 20-90 µs of host time on a GPU (DESIGN.md §4), and most
+    An import costs 20-90 µs of host time on a GPU (docs/spec.md §8), and most
     tensors a serving loop passes are the same objects every step: the KV
     cache, and the metadata buffers (or fixed slices of them). Correctness:
 
