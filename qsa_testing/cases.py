@@ -171,6 +171,22 @@ def poison_unreferenced(case: SparseAttentionCase, config=None) -> SparseAttenti
     return case
 
 
+def poison_unread_values(case: SparseAttentionCase, config=None) -> SparseAttentionCase:
+    """Huge finite K and NaN V in every cache row that no consumed valid entry reads.
+
+    Unlike ``poison_unreferenced`` (NaN in K too), every stray read shows: NaN in K would only
+    make the split that reads it look empty and be dropped (docs/spec.md §6.5), while NaN in V
+    reaches the output."""
+    unread = ~referenced_rows(case, config)
+    kv = case.kv_cache.astype(np.float32)
+    d = case.head_dim
+    rows = np.broadcast_to(unread[:, None, :, None], kv.shape[:3] + (1,))
+    kv[..., :d] = np.where(rows, 64.0, kv[..., :d])
+    kv[..., d:] = np.where(rows, np.nan, kv[..., d:])
+    case.kv_cache = kv.astype(BF16)
+    return case
+
+
 def add_edge_rows(rng: np.random.Generator, case: SparseAttentionCase) -> SparseAttentionCase:
     """Rewrite rows of a case (in place) into every degenerate kind, cycling.
 
