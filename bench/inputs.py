@@ -1,6 +1,6 @@
 """Benchmark inputs: geometries (real or CPU-reduced), page pools, fresh selection sets.
 
-Selections follow DESIGN.md section 3 (and ``qsa_testing.cases``): for a row at
+Selections follow docs/spec.md §5.2 (and ``qsa_testing.cases``): for a row at
 position ``pos`` in the last quarter of a ``context``-token request, the tokens of
 ``blocks`` distinct random compressed blocks of 4 (indexer order), then the causal
 tail of the open group (<= 3 tokens), then -1, and the count in the last column.

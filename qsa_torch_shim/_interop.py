@@ -1,7 +1,7 @@
 """Moving torch tensors into JAX and results back, without copying large data.
 
 Public APIs only: the private internals of the fast import (``to_jax``) live in
-``_private_api``. Facts this relies on (jax 0.11.2, torch 2.11; DESIGN.md §4):
+``_private_api``. Facts this relies on (jax 0.11.2, torch 2.11; docs/spec.md §8):
 
 * ``jax.dlpack.from_dlpack`` calls ``tensor.__dlpack__(stream=<JAX's stream>)``;
   torch then records an event on its *current* stream and makes JAX's stream
@@ -167,7 +167,7 @@ def _view_key(t: torch.Tensor) -> tuple:
 class PersistentImports:
     """Cache of JAX imports of torch tensors, valid for as long as the tensor object lives.
 
-    An import costs 20-90 µs of host time on a GPU (DESIGN.md §4), and most
+    An import costs 20-90 µs of host time on a GPU (docs/spec.md §8), and most
     tensors a serving loop passes are the same objects every step: the KV
     cache, and the metadata buffers (or fixed slices of them). Correctness:
 

@@ -28,7 +28,7 @@ Design choices (and why):
   pages may hold NaN and NaN * 0 = NaN.
 * K is gathered straight into a [D, BN] tile (the addresses put D on axis 0),
   so Q.K^T is a plain [M, D] x [D, BN] dot with no transpose op, and the
-  [M, BN] scores feed P.V directly. (DESIGN.md section 7 suggests K.q^T; on
+  [M, BN] scores feed P.V directly. (docs/spec.md §9 notes the suggested K.q^T; on
   sm_90 that variant needs a shared-memory round trip to transpose the
   probabilities every tile -- see notes/pallas.md.)
 """
@@ -45,7 +45,7 @@ from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, MASKED_SCORE, SparseAttentionProblem, head_row_stride)
 
-# Triton's software pipelining of the tile loop. DESIGN.md section 7: 3 stages
+# Triton's software pipelining of the tile loop. docs/spec.md §9: 3 stages
 # were always worse than 2 on Hopper; the originals use 2.
 DEFAULT_NUM_STAGES = 2
 
