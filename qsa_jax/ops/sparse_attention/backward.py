@@ -98,19 +98,23 @@ def _bwd(problem, implementation, residuals, d_out):
 differentiable.defvjp(_fwd, _bwd)
 
 
-def gate_pre_pass(output_gate, attention, d_out, compute_dtype):
+def gate_pre_pass(output_gate, attention, d_out, compute_dtype, *, delta_dtype=None):
     """Elementwise part of the backward, over [R, H, D] only.
 
     dA = dO * sigmoid(gate) (cotangent of the ungated attention), delta =
     rowsum(dA * A) [R, H] (flash attention's pre-pass: sum_n p_n dA.V_n without
-    revisiting the entries) and dgate = dO * A * sigmoid'(gate).
+    revisiting the entries) and dgate = dO * A * sigmoid'(gate). ``delta_dtype``:
+    round dA to it inside delta, for a kernel whose dA.V dots take dA in that
+    dtype -- then dS = p (dA.V - delta) cancels consistently (for a single
+    entry, exactly).
     """
     gate = output_gate.astype(compute_dtype).reshape(attention.shape)
     a = attention.astype(compute_dtype)
     do = d_out.astype(compute_dtype)
     sig = jax.nn.sigmoid(gate)
     d_attention = do * sig
-    delta = jnp.sum(d_attention * a, axis=-1)
+    rounded = d_attention if delta_dtype is None else d_attention.astype(delta_dtype).astype(compute_dtype)
+    delta = jnp.sum(rounded * a, axis=-1)
     d_gate = do * a * sig * (1 - sig)
     return d_attention, delta, d_gate.reshape(output_gate.shape).astype(output_gate.dtype)
 

@@ -155,7 +155,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
-                                                 d_out, jnp.float32)
+                                                 d_out, jnp.float32, delta_dtype=jnp.bfloat16)
     zero_kv = jnp.zeros((kv.num_rows, d), jnp.float32)
     if rows == 0:
         return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
