@@ -105,10 +105,11 @@ def test_exact_gradient_matches_finite_differences_and_xla_backward_float64():
 # (two seeds, both configs below): xla dq 1.05-1.09x, dkv 1.01-1.03x; pallas
 # (interpret mode: bf16 dot operands emulated exactly) dq 1.79-1.90x, dkv
 # 1.74-1.83x -- its dots round dA, p and dS to bf16 like flash attention; dgate
-# 1.69-1.80x for both, because it is formed from the forward's bf16-rounded
-# attention (the residual), whose own rounding error is at the floor.
-BF16_BAR = {"xla": {"q": 1.15, "kv": 1.15, "gate": 2.0},
-            "pallas": {"q": 2.1, "kv": 2.1, "gate": 2.0}}
+# 1.40-1.92x for both (more cases), because it is formed from the forward's
+# attention (the residual), which carries the forward's own error (~1.5x the
+# floor: bf16 probabilities in P.V, DESIGN.md section 5) plus its bf16 rounding.
+BF16_BAR = {"xla": {"q": 1.15, "kv": 1.15, "gate": 2.3},
+            "pallas": {"q": 2.1, "kv": 2.1, "gate": 2.3}}
 
 
 @pytest.mark.parametrize("impl", IMPLS)
