@@ -232,3 +232,39 @@ def test_strided_query_gradient_lands_in_its_columns():
     rest = np.ones(d_table.shape[1], bool)
     rest[cols] = False
     assert (d_table[:, rest] == 0).all()
+
+
+def test_pallas_backward_lowers_to_triton_for_sm90(monkeypatch):
+    """Without a GPU: lower jax.grad (fused and split layouts, and under vmap) through the
+    Triton path for CUDA, as if on an H100/H200 -- catches ops the Triton lowering lacks.
+    (Compiling the Triton IR to PTX needs the GPU: tests/test_gpu_backward.py.)"""
+    import types
+
+    from jax._src.pallas.triton import pallas_call_registration as registration
+
+    from qsa_jax.ops.sparse_attention import backward_pallas, pallas
+
+    monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info",
+                        lambda: types.SimpleNamespace(compute_capability=90))
+    monkeypatch.setattr(backward_pallas, "interpret", lambda: False)
+    monkeypatch.setattr(pallas, "interpret", lambda: False)
+    case, _ = _case(seed=8, rows=2, heads=24, hk=2, d=256, page=64, blocks=40, context=256, edges=False)
+    li, bt, tr = _meta(case)
+    q = jax.ShapeDtypeStruct(case.q.shape, jnp.bfloat16)
+    fused = jax.ShapeDtypeStruct(case.kv_cache.shape, jnp.bfloat16)
+    nb, hk, page, d2 = case.kv_cache.shape
+    half = jax.ShapeDtypeStruct((nb, page, hk, d2 // 2), jnp.bfloat16)
+
+    def loss(q, kv, g):
+        out = qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation="pallas")
+        return jnp.sum(out.astype(jnp.float32))
+
+    def export(fn, *args):
+        checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+        text = jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
+        assert "qsa_sparse_attention_backward" in text
+
+    export(jax.grad(loss, argnums=(0, 1, 2)), q, fused, q)
+    export(jax.grad(lambda q, k, v, g: loss(q, (k, v), g), argnums=(0, 1, 2, 3)), q, half, half, q)
+    batch = lambda s: jax.ShapeDtypeStruct((2,) + s.shape, s.dtype)  # noqa: E731
+    export(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), batch(q), batch(fused), batch(q))
