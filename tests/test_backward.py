@@ -268,3 +268,29 @@ def test_pallas_backward_lowers_to_triton_for_sm90(monkeypatch):
     export(jax.grad(lambda q, k, v, g: loss(q, (k, v), g), argnums=(0, 1, 2, 3)), q, half, half, q)
     batch = lambda s: jax.ShapeDtypeStruct((2,) + s.shape, s.dtype)  # noqa: E731
     export(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), batch(q), batch(fused), batch(q))
+
+
+@pytest.mark.slow  # ~14 s, nearly all of it compiling the interpreted kernels
+def test_bench_backward_cpu_smoke(tmp_path, monkeypatch):
+    """bench.backward runs end to end on CPU (interpret mode, reduced sizes) and writes
+    its JSON and table."""
+    import json
+    import sys
+
+    from bench import backward as bench_backward
+    from bench import inputs
+
+    from qsa_jax import arg_specs
+
+    # Smaller than the benchmark's own CPU sizes (D = 32, W = 35, a 16-page pool):
+    # compiling the interpreted kernels is most of the time.
+    for name, value in (("CPU_BLOCKS", 8), ("CPU_CONTEXT", 512), ("CPU_POOL_PAGES", 16)):
+        monkeypatch.setattr(inputs, name, value)
+    monkeypatch.setitem(arg_specs.GEOMETRIES, "TP4", arg_specs.TP4._replace(head_dim=32))
+    monkeypatch.setattr(sys, "argv", ["backward", "--tp", "TP4", "--rows", "1", "--reps", "1",
+                                      "--no-xla", "--out", str(tmp_path)])
+    assert bench_backward.main() == 0
+    records = json.loads((tmp_path / "backward.json").read_text())["results"]
+    assert [r["step"] for r in records] == ["forward", "backward", "grad pallas"]
+    assert all(r["wall_us"] > 0 and r["busy_us"] is None for r in records)  # no GPU: no trace
+    assert "| TP4 | 1 | 1 | backward |" in (tmp_path / "backward.md").read_text()
