@@ -34,6 +34,7 @@ Writes ``backward.json`` and ``backward.md`` to ``--out`` and prints the table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import sys
@@ -107,7 +108,7 @@ def main() -> int:
     a = ap.parse_args()
 
     import qsa_jax
-    from bench import inputs, machine
+    from bench import inputs
     from qsa_jax.ops.sparse_attention import backward as B
     from qsa_jax.ops.sparse_attention import xla as xla_impl
     from qsa_jax.ops.sparse_attention.api import _plan
@@ -185,20 +186,32 @@ def main() -> int:
                 print(lines[-1], flush=True)
                 results.append({"geometry": tp, "rows": rows, "step": name, **r,
                                 "config": list(problem.config)})
+                _write(a, gpu, lines, results)  # after every step: a time limit keeps what is done
+    print(_write(a, gpu, lines, results))
+    return 0
+
+
+@functools.cache
+def _machine(gpu: bool) -> dict:
+    from bench import machine
+
+    return machine.describe(gpu)
+
+
+def _write(a, gpu: bool, lines: list, results: list) -> str:
     card = jax.devices()[0].device_kind
     text = (f"# sparse_attention gradients — {card}\n\n"
             f"{a.reps} runs per step; busy = sum of GPU kernel durations per call (profiler trace); "
             f"'x forward' = busy (else wall) time over the Pallas forward's; temp = XLA temporary "
             f"buffers of the compiled step; peak = device peak_bytes_in_use so far.\n\n"
             + "\n".join(lines) + "\n")
-    print(text)
     if a.out:
         out = pathlib.Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "backward.md").write_text(text)
         (out / "backward.json").write_text(json.dumps(
-            {"machine": machine.describe(gpu), "results": results}, indent=1, default=str))
-    return 0
+            {"machine": _machine(gpu), "results": results}, indent=1, default=str))
+    return text
 
 
 if __name__ == "__main__":

@@ -43,10 +43,12 @@ from qsa_jax.ops.sparse_attention import backward as B
 from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, head_row_stride
 from qsa_jax.ops.sparse_attention.pallas import _load_rows
 
-# Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile;
-# 32 keeps them at 32 KiB each at D = 256 (64 would spill). Tunable per call.
+# Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile.
+# Compiled for sm_90 on the CPU machine (Triton 3.6, ptxas -v; notes/backward.md) at
+# D = 256, G = 12: BN 32 / 4 warps uses 255 registers and spills, BN 32 / 8 warps 184
+# registers and no spills, BN 64 / 8 warps spills again. Tunable per call.
 DEFAULT_BLOCK_N = 32
-DEFAULT_WARPS = 4
+DEFAULT_WARPS = 8
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
