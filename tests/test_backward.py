@@ -184,29 +184,44 @@ def test_duplicates_and_shared_pages_accumulate(impl):
     assert (dkv[:, 0][~touched] == 0).all()
 
 
-def test_metadata_gets_float0_and_jit_vmap():
-    case, rng = _case(seed=5, edges=False)
-    li, bt, tr = _meta(case)
-    args = (jnp.asarray(case.q), jnp.asarray(case.kv_cache), li, bt, tr, jnp.asarray(case.output_gate))
-
+def _loss(impl):
     def loss(q, kv, li, bt, tr, g):
-        return jnp.sum(qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation="xla")
+        return jnp.sum(qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation=impl)
                        .astype(jnp.float32) ** 2)
+    return loss
 
+
+def _args(seed, rows=6):
+    case, _ = _case(seed=seed, rows=rows, edges=False)
+    return case, (jnp.asarray(case.q), jnp.asarray(case.kv_cache)) + _meta(case) + (
+        jnp.asarray(case.output_gate),)
+
+
+def test_metadata_gets_float0_and_jit():
+    _, args = _args(5)
+    loss = _loss("xla")
     grads = jax.jit(jax.grad(loss, argnums=range(6), allow_int=True))(*args)
     assert [x.dtype for x in grads[2:5]] == [jax.dtypes.float0] * 3
     eager = jax.grad(loss, argnums=(0, 1, 5))(*args)
     for a, b in zip(eager, (grads[0], grads[1], grads[5])):
         assert np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
-    # vmap over a leading batch of everything equals the per-example gradients.
-    stack = lambda x: jnp.stack([x, x[::-1] if x.ndim and x.shape[0] == case.q.shape[0] else x])
-    batched = tuple(stack(a) for a in args)
-    vg = jax.vmap(jax.grad(loss, argnums=(0, 1, 5)))(*batched)
-    for b in range(2):
-        one = jax.grad(loss, argnums=(0, 1, 5))(*(x[b] for x in batched))
-        for a, c in zip(vg, one):
-            np.testing.assert_array_equal(np.asarray(a[b].astype(jnp.float32)),
-                                          np.asarray(c.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_vmap_equals_per_example_gradients(impl):
+    """vmap over a leading batch of every argument (each element its own cache and
+    metadata) gives each element's own gradient."""
+    case, args = _args(5, rows=3)
+    loss = _loss(impl)
+    # Element 1: rows reversed, a different cache.
+    other = (args[0][::-1], args[1][::-1], args[2][::-1], args[3], args[4][::-1], args[5][::-1])
+    batched = tuple(jnp.stack([a, b]) for a, b in zip(args, other))
+    got = jax.vmap(jax.grad(loss, argnums=(0, 1, 5)))(*batched)
+    for b, example in enumerate((args, other)):
+        want = jax.grad(loss, argnums=(0, 1, 5))(*example)
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(x[b].astype(jnp.float32)),
+                                          np.asarray(y.astype(jnp.float32)))
 
 
 def test_strided_query_gradient_lands_in_its_columns():
