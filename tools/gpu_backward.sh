@@ -13,12 +13,12 @@ source tools/gpu_env.sh
 set -o pipefail
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
 res="$OUT/${card}_$(date +%F)/backward"
-timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
+timeout "${TESTS_TIMEOUT:-250}" python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE \
   tests/test_gpu_backward.py > "$OUT/gpu_backward_tests.log" 2>&1
 echo "gpu backward tests rc=$?"; grep -E "GRAD|passed|failed|FAILED|ERROR" "$OUT/gpu_backward_tests.log" | tail -40
-timeout 90 python3 examples/train_toy.py --steps 300 --implementation pallas > "$OUT/train_toy.log" 2>&1
+timeout 60 python3 examples/train_toy.py --steps 300 --implementation pallas > "$OUT/train_toy.log" 2>&1
 echo "train_toy rc=$?"; tail -n 2 "$OUT/train_toy.log"
-timeout -s TERM "${BENCH_TIMEOUT:-280}" python3 -m bench.backward --tp TP1 \
+timeout -s TERM "${BENCH_TIMEOUT:-260}" python3 -m bench.backward --tp TP1 \
   --rows "${BWD_ROWS:-64,1024,2048}" --variants "${BWD_VARIANTS:-32:4,16:4,16:8,64:8}" \
   --relaxed-atomics --autodiff --out "$res" ${BWD_ARGS:-} > "$OUT/bench_backward.log" 2>&1
 echo "bench.backward rc=$?"; grep -E "^\| TP" "$OUT/bench_backward.log" | tail -40
