@@ -389,10 +389,10 @@ def score_scale(head_dim: int, k_scale: float) -> float:
 
 
 @functools.lru_cache(maxsize=1024)
-def _scale_pair(score: float, output: float) -> jax.Array:
-    # One device array per distinct pair: a layer's scales are constant, so a call
-    # costs a dictionary lookup, not a host-to-device copy.
-    return jnp.asarray(np.array([score, output], np.float32))
+def _scale_pair(head_dim: int, k_scale: float, v_scale: float) -> jax.Array:
+    # One device array per distinct (D, k_scale, v_scale): a layer's scales are constant,
+    # so a call costs a dictionary lookup, not fp32 arithmetic and a host-to-device copy.
+    return jnp.asarray(np.array([score_scale(head_dim, k_scale), v_scale], np.float32))
 
 
 def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
@@ -409,9 +409,9 @@ def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
     ks, vs = _host_scale("k_scale", k_scale), _host_scale("v_scale", v_scale)
     d = problem.head_dim
     if not problem.is_fp8:
-        return _scale_pair(score_scale(d, 1.0), 1.0)
+        return _scale_pair(d, 1.0, 1.0)
     if ks is not None and vs is not None:
-        return _scale_pair(score_scale(d, ks), np.float32(vs).item())
+        return _scale_pair(d, ks, vs)
     k = jnp.asarray(k_scale, jnp.float32).reshape(())
     v = jnp.asarray(v_scale, jnp.float32).reshape(())
     return jnp.stack([(jnp.float32(d ** -0.5) * k) * jnp.float32(LOG2_E), v])
