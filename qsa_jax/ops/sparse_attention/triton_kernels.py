@@ -132,8 +132,10 @@ def sparse_attention_split_kernel(
         keys_t = tl.load(k_ptr + base[None, :] + d_idx[:, None], mask=ok[None, :], other=0.0)  # [D, BN]
         values = tl.load(v_ptr + V_OFFSET + base[:, None] + d_idx[None, :], mask=ok[:, None], other=0.0)
         if FP8:  # converted in registers after the masked load: exact for e4m3
-            keys_t = _e4m3(keys_t, KV_BYTES).to(query.dtype)
+            # K through fp16 (e4m3 -> fp16 is the hardware conversion; fp16 -> bf16 is
+            # exact here), as vLLM 0.34.0 does on the GPUs it supports.
             values = _e4m3(values, KV_BYTES).to(tl.float16)
+            keys_t = _e4m3(keys_t, KV_BYTES).to(tl.float16).to(query.dtype)
         tile += NUM_SPLITS
         if PREFETCH:
             next_tok, next_page, next_ok = _selected_pages(idx_ptr, bt_ptr, idx_row_offset,
