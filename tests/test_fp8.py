@@ -336,6 +336,49 @@ def test_reachable_configs_and_warmup_with_fp8(tmp_path):
     assert profiles == ((32, 1, 1), (32, 5, 4), (64, 1, 2))
 
 
+# ------------------------------------------------------------------------ Pallas's Triton IR, on CPU
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "uint8"])
+def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
+    """The Pallas kernel lowered for an sm_90 GPU (on this CPU machine): K and V are
+    gathered as 8-bit elements (the cache's own bytes, masked), bitcast when they are
+    uint8, converted in registers, and P.V is an fp16 dot (q.K^T a bf16 one)."""
+    import re
+
+    import jax
+    import jax._src.pallas.pallas_call as pallas_call_module
+    import jax.numpy as jnp
+    from jax._src.pallas.triton import gpu_info, pallas_call_registration
+
+    from qsa_jax.ops.sparse_attention import base, pallas
+
+    monkeypatch.setattr(pallas_call_registration.gpu_info_lib, "get_gpu_info",
+                        lambda: gpu_info.GpuInfo(gpu_version=None, arch_name="sm_90", compute_capability=90))
+    monkeypatch.setattr("qsa_jax._implementations.backend", lambda: "gpu")
+    original = pallas_call_module.pallas_call
+    monkeypatch.setattr(pallas.pl, "pallas_call", lambda *a, **k: original(*a, **{**k, "debug": True}))
+    rows, heads, d, w = 4, 24, 256, 2051
+    sds = jax.ShapeDtypeStruct
+    q = sds((rows, heads, d), jnp.bfloat16)
+    kv = sds((40, 2, 64, 2 * d), jnp.dtype(dtype))
+    li, bt, tr = sds((rows, w + 1), jnp.int32), sds((rows, 41), jnp.int32), sds((rows,), jnp.int32)
+    problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False, config=None,
+                                               scales_given=(True, True))
+    capsys.readouterr()
+    jax.jit(lambda *a: pallas.run(problem, *a[:6], scales=a[6])).trace(
+        q, (kv,), li, bt, tr, q, sds((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
+    ttir = capsys.readouterr().out
+    element = "f8E4M3FN" if dtype == "float8_e4m3fn" else "i8"
+    kv_loads = re.findall(rf"tt.load .*x!tt.ptr<{element}>> \"masked_load", ttir)
+    assert len(kv_loads) == 2, kv_loads  # one K gather, one V gather per tile
+    assert len(re.findall(r"tt.bitcast .*xi8> -> tensor<\S+xf8E4M3FN>", ttir)) == (2 if element == "i8" else 0)
+    assert re.search(r"tt.fp_to_fp %\d+ : tensor<256x32xf8E4M3FN> -> tensor<256x32xbf16>", ttir)
+    assert re.search(r"tt.fp_to_fp %\d+ : tensor<32x256xf8E4M3FN> -> tensor<32x256xf16>", ttir)
+    assert re.search(r"tt.dot .*tensor<16x256xbf16> \* tensor<256x32xbf16>", ttir)
+    assert re.search(r"tt.dot .*tensor<16x32xf16> \* tensor<32x256xf16>", ttir)
+
+
 # ------------------------------------------------------------------------ 0.34.0 in Triton's interpreter
 
 
