@@ -379,6 +379,39 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
     assert re.search(r"tt.dot .*tensor<16x32xf16> \* tensor<32x256xf16>", ttir)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e4m3_bytes", "bf16_scaled"])
+def test_triton_kernel_compiles_for_sm90(fmt):
+    """The jax-triton split kernel through Triton's own compiler to sm_90 PTX (no GPU
+    needed): e4m3 (values or bytes) converts with the hardware instruction and P.V is an
+    fp16 MMA; q.K^T stays a bf16 MMA."""
+    import inspect
+    import re
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from qsa_jax.ops.sparse_attention import triton_kernels as K
+
+    cache = {"e4m3": "*fp8e4nv", "e4m3_bytes": "*u8", "bf16_scaled": "*bf16"}[fmt]
+    fp8 = fmt != "bf16_scaled"
+    const = dict(W=2051, PAGE=1600, BTW=41, GROUP=12, HEADS=24, D=256, Q_ROW_STRIDE=24, Q_HEAD_STRIDE=1,
+                 Q_OFFSET=0, STRIDE_PAGE=2 * 1600 * 512, STRIDE_TOKEN=512, STRIDE_HEAD=1600 * 512, V_OFFSET=256,
+                 BLOCK_M=16, BLOCK_N=32, NUM_TILES=65, NUM_SPLITS=64, PREFETCH=True, SCALED=True, FP8=fp8,
+                 KV_BYTES=fmt == "e4m3_bytes")
+    types = dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, idx_ptr="*i32", bt_ptr="*i32", req_ptr="*i32",
+                 gate_ptr="*bf16", scale_ptr="*fp32", num_rows="i32", num_requests="i32", num_pages="i32",
+                 o_ptr="*fp32", lse_ptr="*fp32")
+    names = list(inspect.signature(K.sparse_attention_split_kernel.fn).parameters)
+    signature = {n: "constexpr" if n in const else types[n] for n in names}
+    source = ASTSource(K.sparse_attention_split_kernel, signature,
+                       constexprs={(names.index(k),): v for k, v in const.items()})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2)).asm["ptx"]
+    mma = set(re.findall(r"mma\.sync\.aligned\.\w+\.row\.col\.f32\.(\w+)\.\w+\.f32", ptx))
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) == fp8
+    assert mma == ({"bf16", "f16"} if fp8 else {"bf16"}), mma
+
+
 # ------------------------------------------------------------------------ 0.34.0 in Triton's interpreter
 
 

@@ -53,8 +53,9 @@ def _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile, req_ok
 @triton.jit
 def _e4m3(tile, KV_BYTES: tl.constexpr):
     """A cache tile as e4m3 values: uint8 bytes are reinterpreted (exact, free)."""
+    # One return: the compiler rejects returns of different types, even under a constexpr if.
     if KV_BYTES:
-        return tile.to(tl.float8e4nv, bitcast=True)
+        tile = tile.to(tl.float8e4nv, bitcast=True)
     return tile
 
 
