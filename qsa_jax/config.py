@@ -1,15 +1,23 @@
 """Launch configuration of the sparse-attention kernels, chosen from static shapes.
 
-Every implementation takes its tiling from here, so one table decides how the
+Every implementation takes its tiling from here, so one place decides how the
 selection columns are cut into tiles and how tiles are dealt to split-K
-programs. The default is the originals' table (vLLM 0.30.0, tuned on GB300);
-the tiling is part of the numerical contract (the bf16 rounding of the
+programs. The tables are vLLM's, as data: 0.30.0 has one (tuned on GB300);
+0.34.0 picks one by the GPU's compute capability and the cache dtype (sm_90,
+sm_120, an fp8 override on sm_80, GB300's everywhere else). The default
+follows 0.34.0 for the current device, or this project's measured table for
+that device where one exists (``MEASURED_TABLES``); ``table="vllm-0.30"``
+gives 0.30.0's choice anywhere. Off a GPU every choice is GB300's table, so
+on CPU the default equals 0.30.0's.
+
+The tiling is part of the numerical contract (the rounding of the
 probabilities depends on which tiles share a running maximum), so outputs agree
-with the originals best when the same config is used.
+with a given vLLM version best when its table is used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -31,52 +39,180 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Above this many (row, KV head) programs every table here has one split (or two) and
+# ``use_prefill_config`` chooses between a decode and a prefill tiling.
+LARGE_BATCH_PROGRAMS = 2048
+
+
+class Tiling(NamedTuple):
+    """One entry of a config table: what ``select_config`` turns into a config."""
+
+    block_n: int
+    splits: int  # wanted split count; capped at the number of tiles
+    warps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TilingTable:
+    """A config table keyed on programs = rows x KV heads.
+
+    ``bands`` are ``(most programs, tiling)`` in ascending order and must reach
+    ``LARGE_BATCH_PROGRAMS``; above it the flag ``use_prefill_config`` picks one of
+    the two large-batch entries.
+    """
+
+    name: str
+    bands: tuple[tuple[int, Tiling], ...]
+    large_decode: Tiling
+    large_prefill: Tiling
+
+    def __post_init__(self):
+        bounds = [b for b, _ in self.bands]
+        assert bounds == sorted(bounds) and bounds[-1] == LARGE_BATCH_PROGRAMS, self.name
+
+    def pick(self, programs: int, use_prefill_config: bool) -> Tiling:
+        if programs > LARGE_BATCH_PROGRAMS:
+            return self.large_prefill if use_prefill_config else self.large_decode
+        return next(t for bound, t in self.bands if programs <= bound)
+
+
+def _table(name, bands, large_decode, large_prefill=None) -> TilingTable:
+    return TilingTable(name, tuple((b, Tiling(*t)) for b, t in bands), Tiling(*large_decode),
+                       Tiling(*(large_prefill or large_decode)))
+
+
+# The numbers below are vLLM's (0.30.0 and 0.34.0 qsa.py ``_select_config``), restated as data.
+# Few programs want many splits to fill the GPU; many programs want none.
+
+# Tuned by vLLM on GB300. The only table of 0.30.0; in 0.34.0 the table of every GPU
+# without one of its own, for bf16 and fp8 caches alike.
+GB300 = _table("gb300", [(24, (32, 64, 4)), (32, (32, 16, 1)), (64, (32, 8, 1)), (128, (32, 4, 1)),
+                         (256, (32, 8, 1)), (512, (64, 4, 2)), (2048, (64, 1, 2))],
+               large_decode=(64, 1, 2), large_prefill=(32, 1, 1))
+# vLLM 0.34.0, sm_90 (tuned by vLLM on an H20).
+SM90_BF16 = _table("sm90-bf16", [(32, (64, 64, 2)), (64, (32, 16, 1)), (256, (32, 8, 1)),
+                                 (2048, (32, 4, 1))],
+                   large_decode=(64, 1, 2), large_prefill=(32, 1, 1))
+SM90_FP8 = _table("sm90-fp8", [(24, (64, 64, 2)), (32, (32, 16, 1)), (64, (32, 8, 1)), (128, (32, 4, 1)),
+                               (256, (32, 8, 1)), (2048, (32, 4, 1))],
+                  large_decode=(64, 1, 2), large_prefill=(32, 1, 1))
+# vLLM 0.34.0, sm_120 (RTX PRO 6000 Blackwell).
+SM120_BF16 = _table("sm120-bf16", [(24, (64, 64, 8)), (64, (64, 8, 8)), (128, (32, 8, 8)),
+                                   (256, (32, 8, 1)), (512, (64, 4, 2)), (2048, (32, 4, 1))],
+                    large_decode=(64, 2, 2))
+SM120_FP8 = _table("sm120-fp8", [(24, (64, 64, 8)), (32, (128, 8, 4)), (64, (64, 8, 4)), (128, (32, 4, 4)),
+                                 (256, (128, 4, 4)), (512, (64, 4, 4)), (2048, (32, 2, 1))],
+                   large_decode=(64, 1, 2), large_prefill=(32, 2, 1))
+
+# vLLM 0.34.0's choice: exact compute capability -> (bf16 table, fp8 table); any other
+# capability (and no GPU at all) gets GB300.
+VLLM_034_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {
+    (9, 0): (SM90_BF16, SM90_FP8),
+    (12, 0): (SM120_BF16, SM120_FP8),
+}
+# vLLM 0.34.0 then overrides block_n and warps for fp8 caches on these capabilities (A100:
+# wider tiles for its byte-decode path); the split count stays the table's.
+VLLM_034_FP8_OVERRIDES: dict[tuple[int, int], dict[str, int]] = {(8, 0): dict(block_n=128, warps=4)}
+
+# This project's own tables, measured on a card of the given capability, same form as
+# VLLM_034_TABLES. ``table=None`` (the default) consults them first; empty until measured.
+# A Hopper table plugs in as ``MEASURED_TABLES[(9, 0)] = (bf16_table, fp8_table)``.
+MEASURED_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {}
+
+TABLE_NAMES = ("vllm-0.30", "vllm-0.34")
+
+
+@functools.lru_cache(maxsize=None)
+def device_capability() -> tuple[int, int] | None:
+    """(major, minor) compute capability of JAX's default device; None off an NVIDIA GPU."""
+    import jax
+
+    try:
+        return _as_capability(getattr(jax.devices()[0], "compute_capability", None))
+    except (RuntimeError, ValueError):  # no backend, or not a CUDA "major.minor" string
+        return None
+
+
+def _as_capability(value) -> tuple[int, int] | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = value.split(".")
+    try:
+        major, minor = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"capability must be (major, minor) or 'major.minor'; got {value!r}") from None
+    return major, minor
+
+
+def table_tiling(
+    programs: int,
+    use_prefill_config: bool,
+    *,
+    is_fp8: bool = False,
+    capability=None,
+    table: str | None = None,
+) -> Tiling:
+    """The (block_n, wanted splits, warps) entry ``select_config`` starts from.
+
+    ``table``: "vllm-0.30" (GB300's table on every device, fp8 or not), "vllm-0.34"
+    (vLLM 0.34.0's choice by compute capability and cache dtype) or None: this project's
+    measured table for the capability if there is one (``MEASURED_TABLES``), else
+    "vllm-0.34". ``capability`` defaults to the current device's; off a GPU there is none
+    and every table is GB300's, so CPU runs keep 0.30.0's tiling for bf16 and fp8 alike.
+    """
+    if table is not None and table not in TABLE_NAMES:
+        raise ValueError(f"table must be one of {TABLE_NAMES} or None; got {table!r}")
+    if table == "vllm-0.30":
+        return GB300.pick(programs, use_prefill_config)
+    cap = device_capability() if capability is None else _as_capability(capability)
+    tables = MEASURED_TABLES.get(cap) if table is None else None
+    if tables is not None:
+        return tables[bool(is_fp8)].pick(programs, use_prefill_config)
+    tiling = VLLM_034_TABLES.get(cap, (GB300, GB300))[bool(is_fp8)].pick(programs, use_prefill_config)
+    if is_fp8 and cap in VLLM_034_FP8_OVERRIDES:
+        tiling = tiling._replace(**VLLM_034_FP8_OVERRIDES[cap])
+    return tiling
+
+
 def select_config(
     num_rows: int,
     num_kv_heads: int,
     use_prefill_config: bool,
     num_columns: int,
+    is_fp8: bool = False,
+    capability=None,
+    *,
+    table: str | None = None,
 ) -> SparseAttentionConfig:
-    """The originals' config table, keyed on ``num_rows * num_kv_heads``.
+    """The tiling for a call, keyed on ``num_rows * num_kv_heads`` programs.
 
     ``num_columns`` is the selection width W (without the trailing count
     column). ``use_prefill_config`` only matters above 2048 programs, where a
-    prefill batch prefers narrower tiles with one warp.
+    prefill batch prefers narrower tiles with one warp. ``is_fp8``: the cache
+    holds e4m3 values (float8_e4m3fn, or their bytes as uint8). ``capability``
+    ((major, minor), default: the current device's) and ``table`` pick the table:
+    see ``table_tiling``. ``table="vllm-0.30"`` is exactly vLLM 0.30.0's
+    ``_select_config``; ``table="vllm-0.34"`` is 0.34.0's for that capability.
     """
     if num_rows < 0 or num_kv_heads <= 0 or num_columns <= 0:
         raise ValueError(
             f"select_config needs num_rows >= 0, num_kv_heads > 0, num_columns > 0; got "
             f"num_rows={num_rows}, num_kv_heads={num_kv_heads}, num_columns={num_columns}")
-    programs = num_rows * num_kv_heads
-    # (block_n, wanted splits, warps) by number of (row, KV head) programs: few
-    # programs need many splits to fill the GPU, many programs need none.
-    if programs > 2048:
-        block_n, splits, warps = (32, 1, 1) if use_prefill_config else (64, 1, 2)
-    elif programs <= 24:
-        block_n, splits, warps = 32, 64, 4
-    elif programs <= 32:
-        block_n, splits, warps = 32, 16, 1
-    elif programs <= 64:
-        block_n, splits, warps = 32, 8, 1
-    elif programs <= 128:
-        block_n, splits, warps = 32, 4, 1
-    elif programs <= 256:
-        block_n, splits, warps = 32, 8, 1
-    elif programs <= 512:
-        block_n, splits, warps = 64, 4, 2
-    else:
-        block_n, splits, warps = 64, 1, 2
+    block_n, splits, warps = table_tiling(num_rows * num_kv_heads, use_prefill_config,
+                                          is_fp8=is_fp8, capability=capability, table=table)
     num_tiles = _cdiv(num_columns, block_n)
     # A split with no tile would only write an empty partial: cap at the tile count.
     return SparseAttentionConfig(block_n, warps, num_tiles, min(splits, num_tiles))
 
 
 def reachable_configs(
-    num_kv_heads: int, num_columns: int, max_rows: int = 8192
+    num_kv_heads: int, num_columns: int, max_rows: int = 8192, *, is_fp8: bool = False,
+    capability=None, table: str | None = None,
 ) -> list[SparseAttentionConfig]:
     """Every config ``select_config`` can return for rows 1..max_rows and both flags."""
     found = {
-        select_config(rows, num_kv_heads, flag, num_columns)
+        select_config(rows, num_kv_heads, flag, num_columns, is_fp8, capability, table=table)
         for rows in range(1, max_rows + 1)
         for flag in (False, True)
     }
@@ -107,18 +243,12 @@ def tune_config_for_hopper(
     return config._replace(num_splits=splits)
 
 
-@functools.lru_cache(maxsize=None)
 def running_on_hopper() -> bool:
     """Whether JAX's default device is a Hopper GPU (compute capability 9.x): the
     device the launch tables below were measured on. Elsewhere the kernels launch
     with the originals' table as is."""
-    import jax
-
-    try:
-        device = jax.devices()[0]
-    except RuntimeError:
-        return False
-    return str(getattr(device, "compute_capability", "")).startswith("9.")
+    cap = device_capability()
+    return cap is not None and cap[0] == 9
 
 
 def pallas_hopper_launch(config: SparseAttentionConfig) -> tuple[int, int]:

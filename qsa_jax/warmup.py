@@ -7,6 +7,9 @@ deployment's cache and block table, every row count the server will use (by
 default: every power of two up to 8192 and the smallest row count of every
 config the table can pick) with both ``use_prefill_config`` values, by
 running each once on empty selections (count 0: the kernels do no reads).
+An fp8 cache (float8_e4m3fn, or its uint8 bytes: vLLM 0.34.0's warmup also
+treats a uint8 cache as fp8) is warmed with fp8's table and with scales;
+executables are per cache dtype, so warm the dtype the server will pass.
 With ``enable_persistent_cache`` the executables also land in JAX's on-disk
 compilation cache, so a second process starts warm.
 """
@@ -22,7 +25,7 @@ import jax.numpy as jnp
 
 from qsa_jax.config import select_config
 from qsa_jax.ops.sparse_attention.api import sparse_attention
-from qsa_jax.ops.sparse_attention.base import as_kv_layout
+from qsa_jax.ops.sparse_attention.base import as_kv_layout, kv_format
 
 DEFAULT_CACHE_DIR = pathlib.Path(os.environ.get("QSA_JAX_CACHE_DIR", "~/.cache/qsa_jax/xla")).expanduser()
 
@@ -37,13 +40,14 @@ def enable_persistent_cache(path: str | os.PathLike | None = None) -> pathlib.Pa
     return path
 
 
-def default_row_counts(num_kv_heads: int, selection_width: int, max_rows: int = 8192) -> list[int]:
+def default_row_counts(num_kv_heads: int, selection_width: int, max_rows: int = 8192, *,
+                       is_fp8: bool = False, table: str | None = None) -> list[int]:
     """Powers of two up to ``max_rows`` plus the first row count of every config."""
     rows = {2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows}
     seen = {}
     for r in range(1, max_rows + 1):
         for flag in (False, True):
-            seen.setdefault(select_config(r, num_kv_heads, flag, selection_width), r)
+            seen.setdefault(select_config(r, num_kv_heads, flag, selection_width, is_fp8, table=table), r)
     return sorted(rows | set(seen.values()))
 
 
@@ -56,6 +60,8 @@ def warmup(
     row_counts: Iterable[int] | None = None,
     implementation: str | None = None,
     persistent_cache: bool | str | os.PathLike = True,
+    with_scales: bool | None = None,
+    table: str | None = None,
 ) -> tuple[tuple[int, int, int], ...]:
     """Compile sparse attention for a deployment; return the warmed profiles.
 
@@ -66,6 +72,10 @@ def warmup(
       row_counts: row counts to compile (default ``default_row_counts``).
       implementation: as for ``sparse_attention``.
       persistent_cache: True (default folder), a folder, or False.
+      with_scales: compile the variant with k/v scales (vLLM 0.34.0's arithmetic).
+        Default: True for an fp8 cache (which needs them), False for bf16.
+      table: the ``select_config`` table the server will use (``config=`` of
+        ``sparse_attention``): None for the default, "vllm-0.30", "vllm-0.34".
 
     Returns:
       Sorted distinct ``(block_n, num_splits, num_warps)`` profiles, as the
@@ -73,10 +83,17 @@ def warmup(
     """
     if persistent_cache:
         enable_persistent_cache(None if persistent_cache is True else persistent_cache)
-    layout, _ = as_kv_layout(kv)
+    layout, arrays = as_kv_layout(kv)
     hk, d = layout.num_kv_heads, layout.head_dim
-    rows_list = sorted(set(row_counts)) if row_counts is not None else default_row_counts(hk, selection_width)
-    table = jnp.asarray(block_table)
+    is_fp8 = kv_format(arrays) != "bf16"
+    with_scales = is_fp8 if with_scales is None else bool(with_scales)
+    if is_fp8 and not with_scales:
+        raise ValueError("with_scales=False: an fp8 kv cache is only ever called with k_scale and v_scale")
+    # Values do not matter: the scales are operands of the compiled code, not constants.
+    scales = dict(k_scale=1.0, v_scale=1.0) if with_scales else {}
+    rows_list = sorted(set(row_counts)) if row_counts is not None else default_row_counts(
+        hk, selection_width, is_fp8=is_fp8, table=table)
+    pages = jnp.asarray(block_table)
     profiles = set()
     for rows in rows_list:
         q = jnp.zeros((rows, num_query_heads, d), jnp.bfloat16)
@@ -84,10 +101,10 @@ def warmup(
         indices = jnp.full((rows, selection_width + 1), -1, jnp.int32).at[:, -1].set(0)
         req = jnp.zeros((rows,), jnp.int32)
         for flag in (False, True):
-            cfg = select_config(rows, hk, flag, selection_width)
+            cfg = select_config(rows, hk, flag, selection_width, is_fp8, table=table)
             if flag and rows * hk <= 2048:
                 continue  # same config as flag=False: already compiled
-            sparse_attention(q, kv, indices, table, req, q, use_prefill_config=flag,
-                             implementation=implementation).block_until_ready()
+            sparse_attention(q, kv, indices, pages, req, q, use_prefill_config=flag, config=table,
+                             implementation=implementation, **scales).block_until_ready()
             profiles.add((cfg.block_n, cfg.num_splits, cfg.num_warps))
     return tuple(sorted(profiles))

@@ -10,6 +10,11 @@ ones the specification makes observable:
 * the bf16 rounding of the attention output before the gate multiply,
 * the bf16 store of the gated output / of the pooled key.
 
+vLLM 0.34.0's fp8 caches (e4m3 values as ``float8_e4m3fn``, or their bytes as uint8) are
+dequantised exactly to float64; the probabilities are then rounded to fp16 instead of bf16
+(the kernel's P.V runs in fp16), the scores carry the factor ``k_scale`` and the output
+``v_scale``. A bf16 cache ignores the scales (as 0.34.0 does).
+
 All bf16 roundings are round-to-nearest-even, done by ``ml_dtypes.bfloat16`` straight from
 float64 (the GPU rounds an fp32 value; the difference is a double-rounding corner case far
 below the 1e-3 agreement bar).
@@ -46,6 +51,23 @@ LOG2E = math.log2(math.e)
 def bf16_round(x) -> np.ndarray:
     """Round to the nearest bf16 (ties to even) and return the value as float64."""
     return np.asarray(x, dtype=np.float64).astype(BF16).astype(np.float64)
+
+
+def fp16_round(x) -> np.ndarray:
+    """Round to the nearest IEEE half (ties to even, subnormals kept) as float64."""
+    return np.asarray(x, dtype=np.float64).astype(np.float16).astype(np.float64)
+
+
+def is_fp8_cache(cache) -> bool:
+    return np.asarray(cache).dtype in (np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e4m3fn))
+
+
+def cache_values(cache) -> np.ndarray:
+    """A bf16 or fp8 cache as float64: uint8 holds e4m3 bytes (NaN codes stay NaN)."""
+    cache = np.asarray(cache)
+    if cache.dtype == np.uint8:
+        cache = cache.view(ml_dtypes.float8_e4m3fn)
+    return cache.astype(np.float64)
 
 
 def _f64(x) -> np.ndarray:
@@ -93,18 +115,20 @@ def _valid_entries(indices_row, req, block_table, P, NB):
 
 
 def _attention_core(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                    *, block_n, num_tiles, num_splits):
+                    *, block_n, num_tiles, num_splits, k_scale=1.0, v_scale=1.0, p_round=bf16_round):
     """Attention output before the gate epilogue, float64 [R, H, D], no final rounding.
 
     Exposed (privately) so tests can compare split counts without the bf16 store rounding.
-    Rows with count <= 0 are 0 here as well.
+    Rows with count <= 0 are 0 here as well. ``k_scale`` multiplies the scores, ``v_scale``
+    the normalised output (the LSE of a split keeps the unscaled normaliser), ``p_round``
+    is the rounding of the probabilities for P.V.
     """
     R, H, D = q.shape
     NB, P, Hk, _ = k_cache.shape
     W = logical_indices.shape[1] - 1
     G = H // Hk
     kv_head_of = np.arange(H) // G  # query head j reads KV head j // G
-    scale = D ** -0.5 * LOG2E  # scores live in base 2 so that exp2 is the softmax exp
+    scale = D ** -0.5 * k_scale * LOG2E  # scores live in base 2 so that exp2 is the softmax exp
 
     out = np.zeros((R, H, D), dtype=np.float64)
     for r in range(R):
@@ -134,12 +158,13 @@ def _attention_core(q, k_cache, v_cache, logical_indices, block_table, token_to_
                 m_new = np.maximum(m, scores.max(axis=1))
                 alpha = np.exp2(m - m_new)
                 p = np.exp2(scores - m_new[:, None])
-                acc = acc * alpha[:, None] + np.einsum("hn,nhd->hd", bf16_round(p), vv)
+                acc = acc * alpha[:, None] + np.einsum("hn,nhd->hd", p_round(p), vv)
                 l = l * alpha + p.sum(axis=1)  # the normaliser uses the unrounded p
                 m = m_new
             has = l > 0
             safe_l = np.where(has, l, 1.0)
-            partial[s] = np.where(has[:, None], acc / safe_l[:, None], 0.0)
+            # v_scale last: with 1.0 this is exactly acc / l.
+            partial[s] = np.where(has[:, None], acc / safe_l[:, None] * v_scale, 0.0)
             lse[s] = np.where(has, m + np.log2(safe_l), -np.inf)
 
         if num_splits == 1:
@@ -158,17 +183,25 @@ def _attention_core(q, k_cache, v_cache, logical_indices, block_table, token_to_
 
 
 def sparse_attention_oracle(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                            output_gate, *, block_n, num_tiles, num_splits) -> np.ndarray:
-    """Float64 oracle of qsa_sparse_paged_attention (docs/spec.md §3.1).
+                            output_gate, *, block_n, num_tiles, num_splits,
+                            k_scale=None, v_scale=None) -> np.ndarray:
+    """Float64 oracle of qsa_sparse_paged_attention (docs/spec.md §3.1; fp8 and scales:
+    vLLM 0.34.0).
 
-    q, output_gate: [R, H, D]; k_cache, v_cache: logical layout [NB, P, Hk, D];
+    q, output_gate: [R, H, D]; k_cache, v_cache: logical layout [NB, P, Hk, D], bf16 or
+    fp8 (float8_e4m3fn or uint8 e4m3 bytes; then k_scale and v_scale are required);
     logical_indices: [R, W+1] ints, last column = valid count; block_table: [NR, BTW];
     token_to_req: [R]. block_n / num_tiles / num_splits are the kernel configuration
     (BLOCK_N, tile cap, split-K count). Returns float64 [R, H, D] holding bf16 values.
     """
+    fp8 = is_fp8_cache(k_cache)
+    _require(is_fp8_cache(v_cache) == fp8, "k_cache and v_cache must both be bf16 or both fp8")
+    _require(not fp8 or (k_scale is not None and v_scale is not None),
+             "an fp8 cache needs k_scale and v_scale")
+    scaling = dict(k_scale=float(k_scale), v_scale=float(v_scale), p_round=fp16_round) if fp8 else {}
     q = _f64(q)
-    k_cache = _f64(k_cache)
-    v_cache = _f64(v_cache)
+    k_cache = cache_values(k_cache)
+    v_cache = cache_values(v_cache)
     gate = _f64(output_gate)
     logical_indices = np.asarray(logical_indices).astype(np.int64)
     block_table = np.asarray(block_table).astype(np.int64)
@@ -193,7 +226,7 @@ def sparse_attention_oracle(q, k_cache, v_cache, logical_indices, block_table, t
 
     attn = _attention_core(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                            block_n=int(block_n), num_tiles=int(num_tiles),
-                           num_splits=int(num_splits))
+                           num_splits=int(num_splits), **scaling)
     # Gate epilogue: bf16 attention output times fp32 sigmoid(gate), one rounding at store.
     final = bf16_round(bf16_round(attn) * _sigmoid(gate))
     # Rows with count <= 0 are exactly zero whatever the gate holds.

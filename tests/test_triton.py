@@ -209,6 +209,8 @@ def _emulated_triton_call(*args, kernel, out_shape, grid, input_output_aliases=N
         x = np.ascontiguousarray(np.asarray(x))
         if x.dtype == ml_dtypes.bfloat16:
             return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+        if x.dtype == ml_dtypes.float8_e4m3fn:
+            return torch.from_numpy(x.view(np.uint8).copy()).view(torch.float8_e4m3fn)
         return torch.from_numpy(x.copy())
 
     def to_jax(t):
@@ -310,6 +312,7 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
     except AssertionError as exc:
         failures += 1
         print("FAIL", exc)
+    failures += _interpret_fp8_cases(sbase, stri)
     for case, pooled, first in golden.compress_cases():
         if case.token_to_req.shape[0] > 64:
             continue
@@ -334,6 +337,43 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
         print(f"store {case.name} {'ok' if ok else 'FAIL'}")
     print("INTERPRET OK" if not failures else f"INTERPRET {failures} FAILURES")
     return 1 if failures else 0
+
+
+def _interpret_fp8_cases(sbase, stri) -> int:
+    """fp8 caches (e4m3 values and uint8 bytes) and a bf16 cache with k/v scales, one
+    split and three, against the float64 oracle (vLLM 0.34.0 semantics). Returns failures."""
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from qsa_jax.config import SparseAttentionConfig
+    from qsa_testing import cases as C
+    from qsa_testing import oracle
+
+    failures = 0
+    case = C.sparse_attention_case(np.random.default_rng(21), rows=3, num_query_heads=4, num_kv_heads=2,
+                                   head_dim=16, page_size=8, selection_blocks=10, context_tokens=80)
+    e4m3 = (case.kv_cache.astype(np.float32) * 3.0).astype(ml_dtypes.float8_e4m3fn)
+    w, d = case.selection_width, case.head_dim
+    for fmt, kv in (("e4m3", e4m3), ("e4m3_bytes", e4m3.view(np.uint8)), ("bf16_scaled", case.kv_cache)):
+        for cfg in (SparseAttentionConfig(32, 1, -(-w // 32), 1), SparseAttentionConfig(16, 1, -(-w // 16), 3)):
+            problem = sbase.check_sparse_attention_args(
+                case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+                use_prefill_config=False, config=cfg, scales_given=(True, True))
+            scales = sbase.scale_operand(problem, 0.5, 2.0)
+            got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(kv),), jnp.asarray(case.logical_indices),
+                           jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
+                           jnp.asarray(case.output_gate), scales, config=cfg)
+            split = kv.transpose(0, 2, 1, 3)
+            ref = oracle.sparse_attention_oracle(
+                case.q, split[..., :d], split[..., d:], case.logical_indices, case.block_table,
+                case.token_to_req, case.output_gate, block_n=cfg.block_n, num_tiles=cfg.num_tiles,
+                num_splits=cfg.num_splits, k_scale=0.5, v_scale=2.0)
+            got = np.asarray(got, np.float64)
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            ok = err <= 1e-4 and not np.isnan(got).any()
+            failures += not ok
+            print(f"sparse_attention fp8 {fmt} splits={cfg.num_splits} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+    return failures
 
 
 # ---------------------------------------------------------------------------------

@@ -9,29 +9,43 @@ import jax
 
 from qsa_jax._implementations import REGISTRIES
 from qsa_jax.ops._memo import memoised
-from qsa_jax.ops.sparse_attention.backward import differentiable
+from qsa_jax.ops.sparse_attention.backward import differentiable, forward_only
 from qsa_jax.ops.sparse_attention.base import (
-    SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table)
+    SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table, scale_operand)
 
 _REGISTRY = REGISTRIES["sparse_attention"]
 
 
 @memoised
 def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
-          use_prefill_config, config, implementation) -> tuple[SparseAttentionProblem, str]:
+          use_prefill_config, config, implementation,
+          scales_given=(False, False)) -> tuple[SparseAttentionProblem, str]:
     """Checks + config + implementation choice: pure functions of static metadata."""
     problem = check_sparse_attention_args(
         q, kv, logical_indices, block_table, token_to_req, output_gate,
-        use_prefill_config=use_prefill_config, config=config)
-    return problem, _REGISTRY.choose(implementation)
+        use_prefill_config=use_prefill_config, config=config, scales_given=scales_given)
+    name = _REGISTRY.choose(implementation)
+    if problem.is_fp8 and name != "xla":
+        from qsa_jax.config import device_capability
+
+        cap = device_capability()
+        if cap is not None and cap < (8, 9):  # Triton has no e4m3 type below sm_89
+            raise NotImplementedError(
+                f"sparse_attention: implementation {name!r} needs compute capability >= 8.9 for an "
+                f"fp8 kv cache (this GPU: {cap[0]}.{cap[1]}); use implementation='xla'")
+    return problem, name
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"))
-def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
+def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales=None, *,
          problem: SparseAttentionProblem, implementation: str):
-    # A custom_vjp around the implementation's forward (gradients: backward.py).
-    return differentiable(problem, implementation, q, kv_arrays, logical_indices, block_table,
-                          token_to_req, output_gate)
+    if scales is None:
+        # A custom_vjp around the implementation's forward (gradients: backward.py).
+        return differentiable(problem, implementation, q, kv_arrays, logical_indices, block_table,
+                              token_to_req, output_gate)
+    # vLLM 0.34 arithmetic (k/v scales, fp8 caches): forward only, see backward.py.
+    return forward_only(problem, implementation, q, kv_arrays, logical_indices, block_table,
+                        token_to_req, output_gate, scales)
 
 
 def sparse_attention(
@@ -43,16 +57,19 @@ def sparse_attention(
     output_gate: jax.Array,
     *,
     use_prefill_config: bool = False,
-    config: Sequence[int] | None = None,
+    config: Sequence[int] | str | None = None,
     implementation: str | None = None,
+    k_scale=None,
+    v_scale=None,
 ) -> jax.Array:
-    """Gated sparse GQA over a paged bf16 K/V cache (QSA ``qsa_sparse_paged_attention``).
+    """Gated sparse GQA over a paged bf16 or fp8 K/V cache (QSA ``qsa_sparse_paged_attention``).
 
     Args:
       q: [R, H, D] bf16 queries, or a ``StridedQuery``: queries read in place from a
         larger array (e.g. the q columns of a fused qkv projection), without a copy.
       kv: the fused cache ``[NB, Hk, P, 2D]`` (vLLM's ``kv_cache``; K = first D
-        channels, V = last D) or a pair ``(k_cache, v_cache)`` of ``[NB, P, Hk, D]``.
+        channels, V = last D) or a pair ``(k_cache, v_cache)`` of ``[NB, P, Hk, D]``;
+        bf16, or fp8 e4m3 as ``float8_e4m3fn`` or as its bytes in ``uint8``.
       logical_indices: [R, W+1] int32; columns ``< W`` are logical token ids
         (-1 = padding), column W is the row's valid count.
       block_table: [NR, BTW] int32 logical page -> physical page, per request.
@@ -60,16 +77,25 @@ def sparse_attention(
       output_gate: [R, H, D] bf16; the output is multiplied by sigmoid(gate).
       use_prefill_config: picks the prefill tiling when R * Hk > 2048.
       config: explicit ``(block_n, num_warps, num_tiles, num_splits)``
-        overriding ``select_config``.
+        overriding ``select_config``, or the name of one of its tables
+        ("vllm-0.30", "vllm-0.34"; None: its default for this device and dtype).
       implementation: "pallas", "triton", "xla" or None (first available).
+      k_scale, v_scale: vLLM 0.34.0's per-layer dequantisation scales (floats > 0),
+        required for an fp8 cache: scores use D^-0.5 * k_scale, the output is
+        scaled by v_scale. They are kernel operands, not compile-time constants: a
+        new value does not recompile (host floats are checked and kept on the
+        device per distinct value; traced values are used unchecked). Passing them
+        with a bf16 cache selects 0.34.0's arithmetic but, as in 0.34.0, not their
+        values (see ``base``).
 
     Returns:
       [R, H, D] bf16.
     """
     problem, name = _plan(q, kv, logical_indices, block_table, token_to_req, output_gate,
                           use_prefill_config=bool(use_prefill_config),
-                          config=None if config is None else tuple(config),
-                          implementation=implementation)
+                          config=config if config is None or isinstance(config, str) else tuple(config),
+                          implementation=implementation,
+                          scales_given=(k_scale is not None, v_scale is not None))
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
     return _run(query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                problem=problem, implementation=name)
+                scale_operand(problem, k_scale, v_scale), problem=problem, implementation=name)

@@ -105,6 +105,29 @@ def _bwd(problem, implementation, residuals, d_out):
 differentiable.defvjp(_fwd, _bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def forward_only(problem: SparseAttentionProblem, implementation: str, q, kv_arrays,
+                 logical_indices, block_table, token_to_req, output_gate, scales):
+    """``implementation``'s forward with k/v scales (vLLM 0.34's arithmetic, fp8 caches),
+    whose gradient is not implemented: differentiating it raises a clear error instead
+    of failing inside a kernel that has no autodiff rule."""
+    return _registry().run(implementation)(problem, q, kv_arrays, logical_indices, block_table,
+                                           token_to_req, output_gate, scales=scales)
+
+
+def _forward_only_fwd(problem, implementation, *args):
+    return forward_only(problem, implementation, *args), None
+
+
+def _forward_only_bwd(problem, implementation, residuals, d_out):
+    raise NotImplementedError(
+        "sparse_attention has no gradient with k_scale/v_scale (vLLM 0.34's fp8 path); gradients "
+        "are defined for bf16 caches called without scales")
+
+
+forward_only.defvjp(_forward_only_fwd, _forward_only_bwd)
+
+
 def gate_pre_pass(output_gate, attention, d_out, compute_dtype, *, delta_dtype=None):
     """Elementwise part of the backward, over [R, H, D] only.
 

@@ -15,17 +15,34 @@ KV layouts accepted (``kv`` argument):
 Either way the cache is viewed, without a copy, as a 2-D table of D-wide rows:
 ``rows_view[row, half, :]`` with ``row = kv_row_index(page, token, head)``
 and ``half`` 0 for K, 1 for V (fused) — see ``KVLayout``.
+
+Cache dtypes (vLLM 0.34.0): bf16, or fp8 e4m3 as ``float8_e4m3fn`` or as its
+raw bytes in ``uint8`` (how vLLM allocates an fp8 cache). Every implementation
+decodes the bytes by reinterpreting them as ``float8_e4m3fn`` (exact; the two
+NaN codes stay NaN, where 0.34.0's sm_80 byte decode reads them as +-480),
+converts K to q's dtype (bf16, exact) for q.K^T and V to fp16 (exact) for
+P.V, whose probabilities are then rounded to fp16 instead of bf16.
+
+Scales (``k_scale``/``v_scale``, vLLM 0.34.0's per-layer dequantisation
+factors): the scores are scaled by D^-0.5 * k_scale and the normalised output
+by v_scale, as ``acc * (v_scale / max(l, 1e-20))``; the split LSE keeps the
+unscaled normaliser. Passing them selects 0.34.0's arithmetic also for a bf16
+cache, whose scale *values* 0.34.0 ignores (it uses D^-0.5 and 1.0); without
+them the arithmetic is 0.30.0's (``acc / max(l, 1e-20)``). The two differ in
+the last fp32 bit of some outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from qsa_jax.config import SparseAttentionConfig, select_config
 
@@ -83,6 +100,27 @@ class KVLayout:
 
 
 
+# Cache element formats by dtype: bf16, e4m3 values, e4m3 bytes.
+KV_FORMATS = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float8_e4m3fn): "e4m3",
+              jnp.dtype(jnp.uint8): "e4m3_bytes"}
+
+
+def kv_format(arrays) -> str:
+    """The format name (``KV_FORMATS``) of a checked cache's arrays."""
+    return KV_FORMATS[jnp.dtype(arrays[0].dtype)]
+
+
+def as_e4m3(tile):
+    """fp8 e4m3 values of a cache tile: uint8 bytes are reinterpreted (free, exact)."""
+    return lax.bitcast_convert_type(tile, jnp.float8_e4m3fn) if tile.dtype == jnp.uint8 else tile
+
+
+def operand_dtypes(problem: "SparseAttentionProblem"):
+    """(K dtype for q.K^T, V and probability dtype for P.V) -- vLLM 0.34.0's choice:
+    bf16/bf16 for a bf16 cache; bf16/fp16 for fp8 (both conversions of e4m3 are exact)."""
+    return jnp.bfloat16, (jnp.float16 if problem.is_fp8 else jnp.bfloat16)
+
+
 def _shape(x) -> tuple[int, ...]:
     return tuple(int(s) for s in np.shape(x))
 
@@ -114,8 +152,9 @@ def as_kv_layout(kv) -> tuple[KVLayout, tuple[Any, ...]]:
                 cache.num_pages, cache.page_size, cache.num_kv_heads))
     if cache.num_rows >= 2**31:
         raise ValueError("kv cache has 2**31 or more rows; row indices would overflow int32")
-    if arrays[0].dtype != jnp.bfloat16:
-        raise TypeError(f"kv cache must be bfloat16; got {arrays[0].dtype}")
+    if jnp.dtype(arrays[0].dtype) not in KV_FORMATS:
+        raise TypeError("kv cache must be bfloat16, float8_e4m3fn or uint8 (e4m3 bytes); "
+                        f"got {arrays[0].dtype}")
     return cache, arrays
 
 
@@ -226,6 +265,14 @@ class SparseAttentionProblem:
     config_explicit: bool = False
     # Rows of q in the query table (``query_table``); compact q when None.
     q_layout: QueryLayout | None = None
+    kv_format: str = "bf16"  # KV_FORMATS
+    # k_scale/v_scale given: vLLM 0.34.0's arithmetic, with the fp32 pair from
+    # ``scale_operand`` as an extra (traced) kernel operand.
+    scaled: bool = False
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kv_format != "bf16"
 
     @property
     def queries(self) -> QueryLayout:
@@ -242,15 +289,26 @@ class SparseAttentionProblem:
 
 def check_sparse_attention_args(
     q, kv, logical_indices, block_table, token_to_req, output_gate,
-    *, use_prefill_config: bool, config: Sequence[int] | None,
+    *, use_prefill_config: bool, config: Sequence[int] | str | None,
+    scales_given: tuple[bool, bool] = (False, False),
 ) -> SparseAttentionProblem:
     """Validate all arguments (shapes and dtypes only: works on tracers).
 
     Covers every check of the originals and a few more (gate shape, config
     sanity). Raises ``ValueError`` for shapes and ``TypeError`` for dtypes, with
-    the offending argument named.
+    the offending argument named. ``config`` is a tiling, or a table name for
+    ``select_config`` (None: its default); ``scales_given`` says whether k_scale
+    and v_scale were passed (their values are checked by ``scale_operand``).
     """
-    cache, _ = as_kv_layout(kv)
+    cache, arrays = as_kv_layout(kv)
+    fmt = kv_format(arrays)
+    given = dict(zip(("k_scale", "v_scale"), scales_given))
+    if any(given.values()) and not all(given.values()):
+        missing = [name for name, ok in given.items() if not ok]
+        raise ValueError(f"k_scale and v_scale go together: {missing[0]} is missing")
+    if fmt != "bf16" and not all(given.values()):
+        raise ValueError(f"an fp8 kv cache ({arrays[0].dtype}) needs its dequantisation scales "
+                         "k_scale and v_scale")
     q_layout = None
     if isinstance(q, StridedQuery):
         qs, q_layout = _check_strided_query(q, cache.head_dim)
@@ -294,8 +352,10 @@ def check_sparse_attention_args(
             raise TypeError(f"{name} must be int32; got {arr.dtype}")
 
     width = li[1] - 1
-    if config is None:
-        cfg = select_config(rows, cache.num_kv_heads, bool(use_prefill_config), width)
+    explicit = not (config is None or isinstance(config, str))
+    if not explicit:
+        cfg = select_config(rows, cache.num_kv_heads, bool(use_prefill_config), width, fmt != "bf16",
+                            table=config)
     else:
         cfg = SparseAttentionConfig(*config)
         if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
@@ -305,7 +365,56 @@ def check_sparse_attention_args(
         if not 1 <= cfg.num_splits <= cfg.num_tiles:
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
-                                  config_explicit=config is not None, q_layout=q_layout)
+                                  config_explicit=explicit, q_layout=q_layout, kv_format=fmt,
+                                  scaled=all(given.values()))
+
+
+def _host_scale(name: str, value) -> float | None:
+    """A concrete scale as a Python float (None when traced), checked: finite and > 0."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a float; got {type(value).__name__} {value!r}") from None
+    if not (math.isfinite(f) and f > 0):
+        raise ValueError(f"{name} must be finite and > 0; got {f!r}")
+    return f
+
+
+def score_scale(head_dim: int, k_scale: float) -> float:
+    """vLLM 0.34.0's score multiplier: fp32(fp32(D^-0.5 * k_scale) * fp32(log2 e)) (the
+    kernel receives the product as an fp32 scalar and converts it to base 2 in fp32)."""
+    return float(np.float32(np.float32(head_dim ** -0.5 * k_scale) * np.float32(LOG2_E)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _scale_pair(head_dim: int, k_scale: float, v_scale: float) -> jax.Array:
+    # One device array per distinct (D, k_scale, v_scale): a layer's scales are constant,
+    # so a call costs a dictionary lookup, not fp32 arithmetic and a host-to-device copy.
+    return jnp.asarray(np.array([score_scale(head_dim, k_scale), v_scale], np.float32))
+
+
+def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
+    """The kernels' fp32 ``[score scale (log2 units), output scale]``, or None without scales.
+
+    Host values are checked (finite, > 0; ``ValueError``/``TypeError`` naming the
+    argument) and the pair is cached on the device. Traced scales (a caller's jit)
+    are used as given, unchecked, and D^-0.5 * k_scale is then rounded in fp32
+    rather than from float64 (at most an ulp of the scale apart). A bf16 cache
+    ignores the values, as vLLM 0.34.0 does.
+    """
+    if not problem.scaled:
+        return None
+    ks, vs = _host_scale("k_scale", k_scale), _host_scale("v_scale", v_scale)
+    d = problem.head_dim
+    if not problem.is_fp8:
+        return _scale_pair(d, 1.0, 1.0)
+    if ks is not None and vs is not None:
+        return _scale_pair(d, ks, vs)
+    k = jnp.asarray(k_scale, jnp.float32).reshape(())
+    v = jnp.asarray(v_scale, jnp.float32).reshape(())
+    return jnp.stack([(jnp.float32(d ** -0.5) * k) * jnp.float32(LOG2_E), v])
 
 
 def entry_rows(problem: SparseAttentionProblem, tokens, block_table, token_to_req):
@@ -371,10 +480,20 @@ def merged_lse(partial_lse):
     return jnp.where(has_values, safe_max + jnp.log2(jnp.where(has_values, total, 1.0)), -jnp.inf)
 
 
-def finish_split(acc, normalizer, running_max):
-    """Normalised partial output and base-2 LSE of one split (0 / -inf when empty)."""
+def normalised(acc, normalizer, output_scale=None):
+    """acc / max(l, 1e-20) (vLLM 0.30.0), or acc * (output_scale / max(l, 1e-20)) (0.34.0,
+    whenever scales are passed); 0 where the split saw no valid entry."""
     has_values = normalizer > 0
     safe = jnp.maximum(normalizer, 1.0e-20)
-    out = jnp.where(has_values[..., None], acc / safe[..., None], 0.0)
+    out = acc / safe[..., None] if output_scale is None else acc * (output_scale / safe)[..., None]
+    return jnp.where(has_values[..., None], out, 0.0)
+
+
+def finish_split(acc, normalizer, running_max, output_scale=None):
+    """Normalised partial output and base-2 LSE of one split (0 / -inf when empty).
+    The LSE keeps the unscaled normaliser: the merge weights stay those of softmax."""
+    has_values = normalizer > 0
+    safe = jnp.maximum(normalizer, 1.0e-20)
+    out = normalised(acc, normalizer, output_scale)
     lse = jnp.where(has_values, running_max + jnp.log2(safe), -jnp.inf)
     return out, lse

@@ -31,6 +31,10 @@ Design choices (and why):
   [M, BN] scores feed P.V directly. (docs/spec.md §9 notes the suggested K.q^T; on
   sm_90 that variant needs a shared-memory round trip to transpose the
   probabilities every tile -- see notes/pallas.md.)
+* fp8 caches are loaded as they are stored (e4m3, or uint8 bytes that are
+  bitcast to e4m3 in registers) and converted after the load, so the memory
+  traffic is the fp8 bytes. The k/v scales arrive as a (2,) fp32 input, not as
+  constants, so a new scale value does not recompile.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from jax import lax
 
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 from qsa_jax.ops.sparse_attention.base import (
-    LOG2_E, MASKED_SCORE, SparseAttentionProblem, head_row_stride)
+    LOG2_E, MASKED_SCORE, SparseAttentionProblem, as_e4m3, head_row_stride, normalised, operand_dtypes)
 
 # Triton's software pipelining of the tile loop. docs/spec.md §9: 3 stages
 # were always worse than 2 on Hopper; the originals use 2.
@@ -70,9 +74,11 @@ def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int,
     return cfg.block_n, warps, cfg.num_tiles, cfg.num_splits, stages
 
 
-def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *out_refs,
+def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
                       masked: bool, prefetch: bool):
+    # With k/v scales a (2,) fp32 ref [score scale, output scale] precedes the outputs.
+    scales_ref, out_refs = (refs[0], refs[1:]) if p.scaled else (None, refs)
     kv = p.kv
     cfg = p.config
     bn, num_splits, num_tiles = cfg.block_n, cfg.num_splits, cfg.num_tiles
@@ -102,7 +108,8 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     head_offset = head * head_row_stride(kv)
     columns = lax.broadcasted_iota(jnp.int32, (bn,), 0)
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
-    scale = (d ** -0.5) * LOG2_E
+    scale = scales_ref[0] if p.scaled else (d ** -0.5) * LOG2_E
+    key_dtype, value_dtype = operand_dtypes(p)
 
     def tile_entries(tile):
         """Cache rows and validity of one tile's BN selected entries (index and
@@ -127,9 +134,10 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         # K is gathered already transposed ([D, BN]: the address, not a
         # transpose op, puts D on axis 0), so Q.K^T needs no data movement,
         # and the scores come out [M, BN] -- the layout P.V consumes as-is.
+        # fp8 (e4m3 values or bytes) is converted in registers, after the masked load.
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :], masked)
         values = _load_rows(v_ref, cache_row[:, None], (v_col + dims)[None, :], valid[:, None], masked)
-        return keys_t, values
+        return as_e4m3(keys_t).astype(key_dtype), as_e4m3(values).astype(value_dtype)
 
     def attend(state, keys_t, values, valid):
         acc, norm, run_max = state  # [M, D], [M], [M] fp32
@@ -138,8 +146,8 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
         alpha = jnp.exp2(run_max - new_max)
         probs = jnp.where(valid[None, :], jnp.exp2(scores - new_max[:, None]), 0.0)
-        # P.V with bf16 probabilities; the normaliser sums the fp32 ones.
-        pv = jnp.dot(probs.astype(jnp.bfloat16), values, preferred_element_type=jnp.float32)
+        # P.V with bf16 (fp8 cache: fp16) probabilities; the normaliser sums the fp32 ones.
+        pv = jnp.dot(probs.astype(value_dtype), values, preferred_element_type=jnp.float32)
         return acc * alpha[:, None] + pv, norm * alpha + jnp.sum(probs, axis=1), new_max
 
     init = (jnp.zeros((block_m, d), jnp.float32), jnp.zeros((block_m,), jnp.float32),
@@ -167,7 +175,7 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
 
     has_values = norm > 0
     safe_norm = jnp.maximum(norm, 1.0e-20)
-    out = jnp.where(has_values[:, None], acc / safe_norm[:, None], 0.0)
+    out = normalised(acc, norm, scales_ref[1] if p.scaled else None)
     lse = jnp.where(has_values, run_max + jnp.log2(safe_norm), -jnp.inf)
     if one_split:
         o_ref, *residual_refs = out_refs
@@ -235,8 +243,8 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-        token_to_req, output_gate, *, prefetch: bool | None = None, merge_block_d: int | None = None,
-        merge_warps: int | None = None, residuals: bool = False):
+        token_to_req, output_gate, scales=None, *, prefetch: bool | None = None,
+        merge_block_d: int | None = None, merge_warps: int | None = None, residuals: bool = False):
     """bf16 [rows, H, D]; with ``residuals`` (for backward.py) also the ungated attention
     in bf16 [rows, H, D] and the merged base-2 LSE [rows, H] fp32, written by the same
     kernels as extra outputs (the gated output is computed exactly as without them)."""
@@ -246,7 +254,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         out = jnp.zeros((0, heads, d), jnp.bfloat16)
         return (out, out, jnp.zeros((0, heads), jnp.float32)) if residuals else out
     result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                          prefetch=prefetch, residuals=residuals)
+                          scales, prefetch=prefetch, residuals=residuals)
     if p.config.num_splits == 1:
         if residuals:
             out, attention, lse = result
@@ -258,7 +266,8 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
 
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                 token_to_req, output_gate, *, prefetch: bool | None = None, residuals: bool = False):
+                 token_to_req, output_gate, scales=None, *, prefetch: bool | None = None,
+                 residuals: bool = False):
     """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
     fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``.
 
@@ -293,16 +302,18 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
         prefetch = pallas_prefetch(p.config)
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
                                masked=not interpreted, prefetch=prefetch)
+    inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
+    inputs += (scales,) if p.scaled else ()
     return pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(rows, p.num_kv_heads, num_splits),
-        in_specs=[pl.no_block_spec] * 7,
+        in_specs=[pl.no_block_spec] * len(inputs),
         out_specs=jax.tree.map(lambda _: pl.no_block_spec, out_shape),
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
         interpret=interpreted,
         name="qsa_sparse_attention",
-    )(q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
+    )(*inputs)
 
 
 def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_d: int | None = None,

@@ -63,7 +63,7 @@ def _next_pow2(n: int) -> int:
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-        token_to_req, output_gate, *, config=None, num_stages: int | None = None,
+        token_to_req, output_gate, scales=None, *, config=None, num_stages: int | None = None,
         prefetch: bool | None = None, merge_block_d: int | None = None):
     """Traceable under jit. Keyword knobs are for benchmarks; defaults are the tuned ones."""
     p = problem
@@ -90,8 +90,9 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         out_shape = [jax.ShapeDtypeStruct((splits, rows, heads, d), jnp.float32),
                      jax.ShapeDtypeStruct((splits, rows, heads), jnp.float32)]
     partial, lse = _jt.triton_call(
+        # Without scales the kernel never reads scale_ptr: any array fills the slot.
         q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
-        rows, p.num_requests, kv.num_pages,
+        scales if p.scaled else token_to_req, rows, p.num_requests, kv.num_pages,
         kernel=_k.sparse_attention_split_kernel,
         out_shape=out_shape,
         grid=(rows, kv.num_kv_heads, splits),
@@ -102,7 +103,8 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         HEADS=heads, D=d, Q_ROW_STRIDE=p.queries.row_stride, Q_HEAD_STRIDE=p.queries.head_stride,
         Q_OFFSET=p.queries.offset, BLOCK_M=_next_pow2(p.group_size), BLOCK_N=cfg.block_n,
         NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
-        PREFETCH=_prefetch(cfg) if prefetch is None else prefetch, **strides)
+        PREFETCH=_prefetch(cfg) if prefetch is None else prefetch, SCALED=p.scaled, FP8=p.is_fp8,
+        KV_BYTES=p.kv_format == "e4m3_bytes", **strides)
     if one_split:
         return partial
     block_d = min(d, merge_block_d or MERGE_BLOCK_D)

@@ -51,9 +51,19 @@ def _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile, req_ok
 
 
 @triton.jit
+def _e4m3(tile, KV_BYTES: tl.constexpr):
+    """A cache tile as e4m3 values: uint8 bytes are reinterpreted (exact, free)."""
+    # One return: the compiler rejects returns of different types, even under a constexpr if.
+    if KV_BYTES:
+        tile = tile.to(tl.float8e4nv, bitcast=True)
+    return tile
+
+
+@triton.jit
 def sparse_attention_split_kernel(
     # inputs
     q_ptr, k_ptr, v_ptr, idx_ptr, bt_ptr, req_ptr, gate_ptr,
+    scale_ptr,  # SCALED: fp32 [score scale (log2 units), output scale]; else unused
     num_rows, num_requests, num_pages,
     # outputs: ONE_SPLIT -> (out bf16 [R,H,D], unused); else (partials f32 [S,R,H,D], lse f32 [S,R,H])
     o_ptr, lse_ptr,
@@ -75,6 +85,9 @@ def sparse_attention_split_kernel(
     NUM_TILES: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PREFETCH: tl.constexpr,  # load the next tile's tokens/pages while this one computes
+    SCALED: tl.constexpr,  # k/v scales given: vLLM 0.34.0's scale and normalisation
+    FP8: tl.constexpr,  # e4m3 cache: K -> bf16 for q.K^T, V and P -> fp16 for P.V
+    KV_BYTES: tl.constexpr,  # the e4m3 cache arrives as uint8 bytes
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -98,7 +111,11 @@ def sparse_attention_split_kernel(
         + d_idx[None, :]
     query = tl.load(q_ptr + q_offsets, mask=head_ok[:, None], other=0.0)
 
-    scale_log2: tl.constexpr = (D ** -0.5) * 1.4426950408889634
+    if SCALED:
+        scale_log2 = tl.load(scale_ptr)
+        output_scale = tl.load(scale_ptr + 1)
+    else:
+        scale_log2: tl.constexpr = (D ** -0.5) * 1.4426950408889634
     run_max = tl.full((BLOCK_M,), -1.0e20, tl.float32)
     norm = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
@@ -115,6 +132,11 @@ def sparse_attention_split_kernel(
         base = tl.maximum(page, 0).to(tl.int64) * STRIDE_PAGE + (tok_in_page * STRIDE_TOKEN + head_base)
         keys_t = tl.load(k_ptr + base[None, :] + d_idx[:, None], mask=ok[None, :], other=0.0)  # [D, BN]
         values = tl.load(v_ptr + V_OFFSET + base[:, None] + d_idx[None, :], mask=ok[:, None], other=0.0)
+        if FP8:  # converted in registers after the masked load: exact for e4m3
+            # K through fp16 (e4m3 -> fp16 is the hardware conversion; fp16 -> bf16 is
+            # exact here), as vLLM 0.34.0 does on the GPUs it supports.
+            values = _e4m3(values, KV_BYTES).to(tl.float16)
+            keys_t = _e4m3(keys_t, KV_BYTES).to(tl.float16).to(query.dtype)
         tile += NUM_SPLITS
         if PREFETCH:
             next_tok, next_page, next_ok = _selected_pages(idx_ptr, bt_ptr, idx_row_offset,
@@ -125,7 +147,7 @@ def sparse_attention_split_kernel(
         new_max = tl.maximum(run_max, tl.max(scores, axis=1))
         alpha = tl.math.exp2(run_max - new_max)
         probs = tl.where(ok[None, :], tl.math.exp2(scores - new_max[:, None]), 0.0)
-        # P.V on bf16 probabilities; the normaliser sums the fp32 ones.
+        # P.V on bf16 (fp8 cache: fp16) probabilities; the normaliser sums the fp32 ones.
         acc = tl.dot(probs.to(values.dtype), values, acc=acc * alpha[:, None])
         norm = norm * alpha + tl.sum(probs, axis=1)
         run_max = new_max
@@ -133,7 +155,10 @@ def sparse_attention_split_kernel(
             tok_in_page, page, ok = next_tok, next_page, next_ok
 
     has_values = norm > 0
-    out = tl.where(has_values[:, None], acc / tl.maximum(norm, 1.0e-20)[:, None], 0.0)
+    if SCALED:  # 0.34.0: one reciprocal per row, times the output scale
+        out = tl.where(has_values[:, None], acc * (output_scale / tl.maximum(norm, 1.0e-20))[:, None], 0.0)
+    else:
+        out = tl.where(has_values[:, None], acc / tl.maximum(norm, 1.0e-20)[:, None], 0.0)
     if NUM_SPLITS == 1:
         gate = tl.load(gate_ptr + qo_offsets, mask=head_ok[:, None], other=0.0).to(tl.float32)
         out = out.to(tl.bfloat16).to(tl.float32) * tl.sigmoid(gate)

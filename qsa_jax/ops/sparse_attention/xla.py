@@ -16,12 +16,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from qsa_jax.ops.sparse_attention.base import (
-    LOG2_E, MASKED_SCORE, SparseAttentionProblem, entry_rows, finish_split,
-    gate_epilogue, head_row_stride, merge_splits, merged_lse)
+    LOG2_E, MASKED_SCORE, SparseAttentionProblem, as_e4m3, entry_rows, finish_split,
+    gate_epilogue, head_row_stride, merge_splits, merged_lse, operand_dtypes)
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
-                         block_table, token_to_req, output_gate, *, residuals: bool = False):
+        block_table, token_to_req, output_gate, scales=None, *, residuals: bool = False):
     """The bf16 output [R, H, D]; with ``residuals`` also what the backward keeps
     (``backward.py``): the ungated attention rounded to bf16 [R, H, D] and the
     base-2 LSE of the merged softmax [R, H] fp32 (-inf for a row with no entry)."""
@@ -62,14 +62,17 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     else:  # q read out of a larger table (StridedQuery): a gather of its rows
         q_rows = p.q_layout.row(jnp.arange(rows)[:, None], jnp.arange(heads)[None, :])
         qg = q.reshape(-1, d)[q_rows].reshape(rows, hk, g, d)
-    scale = (d ** -0.5) * LOG2_E
+    # 0.30.0: a compile-time constant; with scales (0.34.0): the fp32 operand.
+    scale = scales[0] if p.scaled else (d ** -0.5) * LOG2_E
+    key_dtype, value_dtype = operand_dtypes(p)
 
     def step(carry, xs):
         acc, norm, run_max = carry  # [R,S,Hk,G,D], [R,S,Hk,G], [R,S,Hk,G]
         row_s, valid_s = xs  # [R,S,BN]
         r = row_s[..., None] + head_offsets  # [R,S,BN,Hk]
-        keys = k_rows[r, k_half]  # [R,S,BN,Hk,D]
-        values = v_rows[r, v_half]
+        # fp8: decode after the gather (only the tile's bytes), exact in both dtypes.
+        keys = as_e4m3(k_rows[r, k_half]).astype(key_dtype)  # [R,S,BN,Hk,D]
+        values = as_e4m3(v_rows[r, v_half]).astype(value_dtype)
         vmask = valid_s[..., None, None]
         # Zero with where, not a multiply: unreferenced pages may hold NaN.
         keys = jnp.where(vmask, keys, 0)
@@ -81,8 +84,8 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
         new_max = jnp.maximum(run_max, scores.max(axis=-1))
         alpha = jnp.exp2(run_max - new_max)
         probs = jnp.where(smask, jnp.exp2(scores - new_max[..., None]), 0.0)
-        # P.V uses bf16 probabilities; the normaliser sums the unrounded ones.
-        pv = jnp.einsum("rskgn,rsnkd->rskgd", probs.astype(jnp.bfloat16), values,
+        # P.V uses bf16 (fp8 cache: fp16) probabilities; the normaliser sums the unrounded ones.
+        pv = jnp.einsum("rskgn,rsnkd->rskgd", probs.astype(value_dtype), values,
                         preferred_element_type=jnp.float32)
         acc = acc * alpha[..., None] + pv
         norm = norm * alpha + probs.sum(axis=-1)
@@ -94,7 +97,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     xs = (jnp.moveaxis(row0, 1, 0), jnp.moveaxis(valid, 1, 0))
     (acc, norm, run_max), _ = lax.scan(step, init, xs)
 
-    out, lse = finish_split(acc, norm, run_max)  # [R,S,Hk,G,D], [R,S,Hk,G]
+    out, lse = finish_split(acc, norm, run_max, scales[1] if p.scaled else None)  # [R,S,Hk,G,D], [R,S,Hk,G]
     if splits == 1:
         attention, lse = out[:, 0], lse[:, 0]
     else:

@@ -1,0 +1,621 @@
+"""fp8 KV caches and k/v scales (vLLM 0.34.0's sparse attention).
+
+CPU: xla and Pallas (interpret mode) against the tiling-faithful float64 oracle at
+small shapes, for e4m3 values, their uint8 bytes and a bf16 cache with scales; the
+two fp8 views of the same bytes give identical results; NaN codes in unreferenced
+pages never reach the output; scales are operands (no recompile per value); the
+argument checks; the per-architecture config tables and warmup with fp8.
+
+GPU (``gpu`` marker): every implementation at the real shapes (TP1/TP2/TP4) against
+exact attention in float64 over the dequantised cache times the scales, and against
+vLLM 0.34.0's originals where the harness can load them.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qsa_jax
+from qsa_jax import config as cfgmod
+from qsa_jax.config import SparseAttentionConfig
+from qsa_testing import cases as C
+from qsa_testing import oracle
+
+E4M3 = ml_dtypes.float8_e4m3fn
+K_SCALE, V_SCALE = 0.5, 2.0
+# Relative Frobenius distance from the tiling-faithful oracle. Measured: 0 (xla and Pallas
+# interpret are bit-identical to it after the bf16 store at these shapes). Rounding the fp8
+# path's probabilities to bf16 instead of fp16 moves the output by 1.2e-3, and ignoring
+# either scale by far more (test_oracle_tells_the_fp8_roundings_apart).
+ORACLE_BAR = 1e-4
+
+
+def _case(seed=0, rows=3, heads=4, kv_heads=2, head_dim=16):
+    rng = np.random.default_rng(seed)
+    return C.sparse_attention_case(rng, rows=rows, num_query_heads=heads, num_kv_heads=kv_heads,
+                                   head_dim=head_dim, page_size=8, selection_blocks=10,
+                                   context_tokens=80)
+
+
+def _fp8(kv_bf16, spread=1.0):
+    """e4m3 values from bf16 ones (times ``spread``), rounded once."""
+    return (np.asarray(kv_bf16, np.float32) * spread).astype(E4M3)
+
+
+def _split(kv, head_dim):
+    kv = kv.transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(kv[..., :head_dim]), np.ascontiguousarray(kv[..., head_dim:])
+
+
+def _run(case, kv, impl, config=None, **scales):
+    return np.asarray(qsa_jax.sparse_attention(
+        case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        config=config, implementation=impl, **scales))
+
+
+def _oracle(case, kv, cfg, **scales):
+    k, v = _split(kv, case.head_dim)
+    return oracle.sparse_attention_oracle(
+        case.q, k, v, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        block_n=cfg.block_n, num_tiles=cfg.num_tiles, num_splits=cfg.num_splits, **scales)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _tilings(case):
+    w = case.selection_width
+    # one split, three splits (merge of scaled partials), the default table entry
+    return [SparseAttentionConfig(32, 1, -(-w // 32), 1), SparseAttentionConfig(16, 1, -(-w // 16), 3), None]
+
+
+FORMATS = ["e4m3", "e4m3_bytes", "bf16_scaled"]
+
+
+def _cache(case, fmt):
+    if fmt == "bf16_scaled":
+        return case.kv_cache
+    kv = _fp8(case.kv_cache, spread=3.0)
+    return kv.view(np.uint8) if fmt == "e4m3_bytes" else kv
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tiling", [0, 1, 2])
+def test_matches_oracle(impl, fmt, tiling):
+    case = _case(seed=tiling)
+    kv = _cache(case, fmt)
+    cfg = _tilings(case)[tiling]
+    got = _run(case, kv, impl, cfg, k_scale=K_SCALE, v_scale=V_SCALE)
+    ref = _oracle(case, kv, cfg or case.config(), k_scale=K_SCALE, v_scale=V_SCALE)
+    assert not np.isnan(got.astype(np.float32)).any()
+    np.testing.assert_array_equal(got.astype(np.float64) == 0, ref == 0)
+    assert _rel(got, ref) <= ORACLE_BAR, (impl, fmt, _rel(got, ref))
+    if fmt == "bf16_scaled":
+        # vLLM 0.34.0 uses a bf16 cache's scales as 1.0: bit-identical to passing 1.0.
+        ones = _run(case, kv, impl, cfg, k_scale=1.0, v_scale=1.0)
+        np.testing.assert_array_equal(got.view(np.uint16), ones.view(np.uint16))
+
+
+def test_oracle_tells_the_fp8_roundings_apart():
+    """The bar above can see a wrong probability rounding or a dropped scale."""
+    case = _case()
+    kv = _fp8(case.kv_cache, spread=3.0)
+    cfg = case.config()
+    ref = _oracle(case, kv, cfg, k_scale=K_SCALE, v_scale=V_SCALE)
+    k, v = (oracle.cache_values(x) for x in _split(kv, case.head_dim))
+    args = (case.q, k, v, case.logical_indices, case.block_table, case.token_to_req)
+    cfg_kw = dict(block_n=cfg.block_n, num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
+    gate = oracle._sigmoid(case.output_gate.astype(np.float64))
+    for wrong in (dict(k_scale=K_SCALE, v_scale=V_SCALE, p_round=oracle.bf16_round),
+                  dict(k_scale=1.0, v_scale=V_SCALE, p_round=oracle.fp16_round),
+                  dict(k_scale=K_SCALE, v_scale=1.0, p_round=oracle.fp16_round)):
+        core = oracle._attention_core(*args, **cfg_kw, **wrong)
+        other = oracle.bf16_round(oracle.bf16_round(core) * gate)
+        assert _rel(other, ref) > 5 * ORACLE_BAR, wrong
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_bytes_and_values_views_agree_bitwise(impl):
+    case = _case(seed=5)
+    kv = _fp8(case.kv_cache, spread=3.0)
+    a = _run(case, kv, impl, k_scale=K_SCALE, v_scale=V_SCALE)
+    b = _run(case, kv.view(np.uint8), impl, k_scale=K_SCALE, v_scale=V_SCALE)
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+    k, v = _split(kv, case.head_dim)  # the split layout too
+    c = _run(case, (k.view(np.uint8), v.view(np.uint8)), impl, k_scale=K_SCALE, v_scale=V_SCALE)
+    np.testing.assert_array_equal(a.view(np.uint16), c.view(np.uint16))
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_nan_codes_in_unreferenced_pages_never_reach_the_output(impl, as_bytes):
+    case = C.add_edge_rows(np.random.default_rng(9), _case(seed=9, rows=10))
+    kv = _fp8(case.kv_cache, spread=3.0)
+    cfg = SparseAttentionConfig(16, 1, -(-case.selection_width // 16), 3)
+    clean = _run(case, kv.view(np.uint8) if as_bytes else kv, impl, cfg, k_scale=K_SCALE, v_scale=V_SCALE)
+    # Poison that shows (DESIGN.md 5.5): K the largest finite e4m3 (a stray score would
+    # dominate its row), V a NaN code (a stray value would make the output NaN).
+    mask = C.referenced_rows(case, cfg)
+    assert (~mask).any() and mask.any()
+    bits = kv.view(np.uint8).copy()
+    unref = np.broadcast_to(~mask[:, None, :, None], bits.shape)
+    d = case.head_dim
+    bits[..., :d][unref[..., :d]] = 0x7E  # 448
+    bits[..., d:][unref[..., d:]] = 0x7F  # NaN
+    poisoned = bits if as_bytes else bits.view(E4M3)
+    got = _run(case, poisoned, impl, cfg, k_scale=K_SCALE, v_scale=V_SCALE)
+    np.testing.assert_array_equal(got.view(np.uint16), clean.view(np.uint16))
+
+
+def test_scales_are_operands_not_constants():
+    """A new scale value reuses the compiled code (vLLM passes a per-layer float)."""
+    from qsa_jax.ops.sparse_attention.api import _run as jitted
+
+    case = _case(seed=2)
+    kv = _fp8(case.kv_cache)
+    first = _run(case, kv, "xla", k_scale=0.5, v_scale=2.0)
+    compiled = jitted._cache_size()
+    second = _run(case, kv, "xla", k_scale=0.25, v_scale=3.0)
+    assert jitted._cache_size() == compiled
+    assert not np.array_equal(first.view(np.uint16), second.view(np.uint16))
+    ref = _oracle(case, kv, case.config(), k_scale=0.25, v_scale=3.0)
+    assert _rel(second, ref) <= ORACLE_BAR
+
+
+def test_traced_scales_match_host_scales():
+    import jax
+
+    case = _case(seed=3)
+    kv = _fp8(case.kv_cache)
+    host = _run(case, kv, "xla", k_scale=K_SCALE, v_scale=V_SCALE)
+    traced = jax.jit(lambda ks, vs: qsa_jax.sparse_attention(
+        case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        implementation="xla", k_scale=ks, v_scale=vs))(np.float32(K_SCALE), np.float32(V_SCALE))
+    # D^-0.5 * k_scale is exact here (D = 16), so the fp32 pair is the same.
+    np.testing.assert_array_equal(np.asarray(traced).view(np.uint16), host.view(np.uint16))
+
+
+# ------------------------------------------------------------------------ argument checks
+
+
+def _call(case, kv, **kw):
+    return qsa_jax.sparse_attention(case.q, kv, case.logical_indices, case.block_table,
+                                    case.token_to_req, case.output_gate, implementation="xla", **kw)
+
+
+@pytest.mark.parametrize("scales,exc,match", [
+    ({}, ValueError, "k_scale and v_scale"),
+    (dict(k_scale=1.0), ValueError, "v_scale is missing"),
+    (dict(v_scale=1.0), ValueError, "k_scale is missing"),
+    (dict(k_scale=float("nan"), v_scale=1.0), ValueError, "k_scale must be finite and > 0"),
+    (dict(k_scale=1.0, v_scale=float("inf")), ValueError, "v_scale must be finite and > 0"),
+    (dict(k_scale=0.0, v_scale=1.0), ValueError, "k_scale must be finite and > 0"),
+    (dict(k_scale=1.0, v_scale=-2.0), ValueError, "v_scale must be finite and > 0"),
+    (dict(k_scale="1.0x", v_scale=1.0), TypeError, "k_scale must be a float"),
+    (dict(k_scale=1.0, v_scale=np.ones(2)), TypeError, "v_scale must be a float"),
+])
+def test_fp8_scale_errors(scales, exc, match):
+    case = _case()
+    with pytest.raises(exc, match=match):
+        _call(case, _fp8(case.kv_cache), **scales)
+
+
+def test_bf16_scales_are_checked_too():
+    case = _case()
+    with pytest.raises(ValueError, match="v_scale is missing"):
+        _call(case, case.kv_cache, k_scale=1.0)
+    with pytest.raises(ValueError, match="k_scale must be finite"):
+        _call(case, case.kv_cache, k_scale=float("nan"), v_scale=1.0)
+
+
+def test_dtype_errors():
+    case = _case()
+    kv = _fp8(case.kv_cache)
+    k, v = _split(kv, case.head_dim)
+    with pytest.raises(TypeError, match="k_cache and v_cache dtypes differ"):
+        _call(case, (k, v.view(np.uint8)), k_scale=1.0, v_scale=1.0)
+    with pytest.raises(TypeError, match="kv cache must be bfloat16, float8_e4m3fn or uint8"):
+        _call(case, case.kv_cache.astype(np.float16), k_scale=1.0, v_scale=1.0)
+    with pytest.raises(TypeError, match="q must be bfloat16"):
+        qsa_jax.sparse_attention(case.q.astype(np.float32), kv, case.logical_indices, case.block_table,
+                                 case.token_to_req, case.output_gate, k_scale=1.0, v_scale=1.0)
+
+
+# ------------------------------------------------------------------------ config tables
+
+
+def test_tables_by_capability():
+    sel = cfgmod.select_config
+    # TP1 decode, one row: sm_90 picks 64-wide tiles with 2 warps, GB300 32-wide with 4.
+    assert sel(1, 2, False, 2051, False, (9, 0)) == (64, 2, 33, 33)  # 64 splits, capped at 33 tiles
+    assert sel(1, 2, False, 2051, True, (9, 0)) == (64, 2, 33, 33)
+    assert sel(16, 2, False, 2051, False, (9, 0)) == (64, 2, 33, 33)  # 32 programs
+    assert sel(16, 2, False, 2051, True, (9, 0)) == (32, 1, 65, 16)
+    assert sel(1, 2, False, 2051, True, "12.0") == (64, 8, 33, 33)
+    assert sel(16, 2, False, 2051, True, (12, 0)) == (128, 4, 17, 8)
+    assert sel(1200, 2, True, 2051, True, (12, 0)) == (32, 1, 65, 2)
+    # sm_80: fp8 widens the tiles, bf16 keeps GB300's
+    assert sel(1, 2, False, 2051, True, (8, 0)) == (128, 4, 17, 17)
+    assert sel(1, 2, False, 2051, False, (8, 0)) == (32, 4, 65, 64)
+    # any other capability: GB300, fp8 or not
+    for cap in ((10, 0), (8, 9), (8, 6)):
+        assert sel(1, 2, False, 2051, True, cap) == (32, 4, 65, 64)
+
+
+def test_cpu_default_is_the_030_table():
+    """Off a GPU there is no capability: the default (and 0.34.0's choice) is GB300's
+    table, which for bf16 is 0.30.0's -- the CPU goldens keep their tiling."""
+    if cfgmod.device_capability() is not None:
+        pytest.skip("a GPU is the default device")
+    for hk in (1, 2):
+        for rows in list(range(1, 1100)) + [1500, 4000, 8192]:
+            for flag in (False, True):
+                old = cfgmod.select_config(rows, hk, flag, 2051, table="vllm-0.30")
+                for fp8 in (False, True):
+                    assert cfgmod.select_config(rows, hk, flag, 2051, fp8) == old
+
+
+def test_030_table_ignores_capability_and_dtype():
+    for cap in ((9, 0), (12, 0), (8, 0)):
+        for fp8 in (False, True):
+            assert cfgmod.select_config(1, 2, False, 2051, fp8, cap, table="vllm-0.30") == (32, 4, 65, 64)
+
+
+def test_measured_table_plugs_in(monkeypatch):
+    mine = cfgmod._table("test", [(2048, (16, 2, 2))], large_decode=(16, 1, 2))
+    monkeypatch.setitem(cfgmod.MEASURED_TABLES, (9, 0), (mine, mine))
+    assert cfgmod.select_config(1, 2, False, 64, False, (9, 0)) == (16, 2, 4, 2)
+    assert cfgmod.select_config(1, 2, False, 64, False, (9, 0), table="vllm-0.34") == (64, 2, 1, 1)
+    assert cfgmod.select_config(1, 2, False, 64, False, (8, 9)) == (32, 4, 2, 2)
+
+
+def test_table_and_capability_errors():
+    with pytest.raises(ValueError, match="table must be one of"):
+        cfgmod.select_config(1, 2, False, 64, table="vllm-0.31")
+    with pytest.raises(ValueError, match="capability"):
+        cfgmod.select_config(1, 2, False, 64, capability="nine")
+    case = _case()
+    with pytest.raises(ValueError, match="table must be one of"):
+        _call(case, case.kv_cache, config="gb300")
+
+
+def _load_034():
+    from qsa_testing import originals
+
+    try:
+        return originals.load(version="0.34.0")
+    except TypeError:
+        pytest.skip("qsa_testing.originals.load(version=...) does not exist yet")
+    except originals.OriginalsUnavailable as exc:
+        pytest.skip(f"vLLM 0.34.0 originals unavailable: {exc}")
+
+
+@pytest.mark.parametrize("cap", [(9, 0), (12, 0), (8, 0), (10, 0), (8, 9)])
+def test_tables_match_034_originals(cap, monkeypatch):
+    mod = _load_034()
+    for name, want in (("_is_sm80", (8, 0)), ("_is_sm90", (9, 0)), ("_is_sm120", (12, 0))):
+        monkeypatch.setattr(mod, name, lambda want=want: cap == want)
+    bad = []
+    for fp8 in (False, True):
+        for hk in (1, 2):
+            for width in (33, 2051):
+                for rows in range(1, 8193):
+                    for flag in (False, True):
+                        ours = cfgmod.select_config(rows, hk, flag, width, fp8, cap, table="vllm-0.34")
+                        theirs = mod._select_config(rows, hk, flag, width, fp8)
+                        if tuple(ours) != tuple(theirs):
+                            bad.append((fp8, hk, width, rows, flag, tuple(ours), theirs))
+    assert not bad, f"{len(bad)} mismatches, first {bad[:3]}"
+
+
+def test_reachable_configs_and_warmup_with_fp8():
+    from qsa_jax.warmup import default_row_counts
+
+    rows = default_row_counts(2, 2051, is_fp8=True)
+    assert {cfgmod.select_config(r, 2, f, 2051, True) for r in rows for f in (False, True)} == \
+        set(cfgmod.reachable_configs(2, 2051, is_fp8=True))
+    sm90 = {tuple(c) for c in cfgmod.reachable_configs(2, 2051, is_fp8=True, capability=(9, 0))}
+    assert (64, 2, 33, 33) in sm90 and (32, 1, 65, 4) in sm90
+    kv = _fp8(C.bf16_random(np.random.default_rng(0), (4, 2, 8, 32))).view(np.uint8)
+    table = np.zeros((2, 3), np.int32)
+    with pytest.raises(ValueError, match="with_scales"):
+        qsa_jax.warmup(kv, table, num_query_heads=4, selection_width=131, row_counts=[1],
+                       persistent_cache=False, with_scales=False)
+    # No persistent cache here: JAX sets that cache up once per process, and
+    # tests/test_warmup.py checks that it gets filled.
+    profiles = qsa_jax.warmup(kv, table, num_query_heads=4, selection_width=131,
+                              row_counts=[1, 1100], persistent_cache=False)
+    assert profiles == ((32, 1, 1), (32, 5, 4), (64, 1, 2))
+
+
+# ------------------------------------------------------------------------ Pallas's Triton IR, on CPU
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "uint8"])
+def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
+    """The Pallas kernel lowered for an sm_90 GPU (on this CPU machine): K and V are
+    gathered as 8-bit elements (the cache's own bytes, masked), bitcast when they are
+    uint8, converted in registers, and P.V is an fp16 dot (q.K^T a bf16 one)."""
+    import re
+
+    import jax
+    import jax._src.pallas.pallas_call as pallas_call_module
+    import jax.numpy as jnp
+    from jax._src.pallas.triton import gpu_info, pallas_call_registration
+
+    from qsa_jax.ops.sparse_attention import base, pallas
+
+    monkeypatch.setattr(pallas_call_registration.gpu_info_lib, "get_gpu_info",
+                        lambda: gpu_info.GpuInfo(gpu_version=None, arch_name="sm_90", compute_capability=90))
+    monkeypatch.setattr("qsa_jax._implementations.backend", lambda: "gpu")
+    original = pallas_call_module.pallas_call
+    monkeypatch.setattr(pallas.pl, "pallas_call", lambda *a, **k: original(*a, **{**k, "debug": True}))
+    rows, heads, d, w = 4, 24, 256, 2051
+    sds = jax.ShapeDtypeStruct
+    q = sds((rows, heads, d), jnp.bfloat16)
+    kv = sds((40, 2, 64, 2 * d), jnp.dtype(dtype))
+    li, bt, tr = sds((rows, w + 1), jnp.int32), sds((rows, 41), jnp.int32), sds((rows,), jnp.int32)
+    problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False, config=None,
+                                               scales_given=(True, True))
+    capsys.readouterr()
+    jax.jit(lambda *a: pallas.run(problem, *a[:6], scales=a[6])).trace(
+        q, (kv,), li, bt, tr, q, sds((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
+    ttir = capsys.readouterr().out
+    element = "f8E4M3FN" if dtype == "float8_e4m3fn" else "i8"
+    kv_loads = re.findall(rf"tt.load .*x!tt.ptr<{element}>> \"masked_load", ttir)
+    assert len(kv_loads) == 2, kv_loads  # one K gather, one V gather per tile
+    assert len(re.findall(r"tt.bitcast .*xi8> -> tensor<\S+xf8E4M3FN>", ttir)) == (2 if element == "i8" else 0)
+    assert re.search(r"tt.fp_to_fp %\d+ : tensor<256x32xf8E4M3FN> -> tensor<256x32xbf16>", ttir)
+    assert re.search(r"tt.fp_to_fp %\d+ : tensor<32x256xf8E4M3FN> -> tensor<32x256xf16>", ttir)
+    assert re.search(r"tt.dot .*tensor<16x256xbf16> \* tensor<256x32xbf16>", ttir)
+    assert re.search(r"tt.dot .*tensor<16x32xf16> \* tensor<32x256xf16>", ttir)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e4m3_bytes", "bf16_scaled", "bf16"])
+def test_triton_kernel_compiles_for_sm90(fmt):
+    """The jax-triton split kernel through Triton's own compiler to sm_90 PTX (no GPU
+    needed): e4m3 (values or bytes) converts with the hardware instruction and P.V is an
+    fp16 MMA; q.K^T stays a bf16 MMA. ("bf16": 0.30.0's arithmetic, no scales.)"""
+    import inspect
+    import re
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from qsa_jax.ops.sparse_attention import triton_kernels as K
+
+    cache = {"e4m3": "*fp8e4nv", "e4m3_bytes": "*u8"}.get(fmt, "*bf16")
+    fp8 = fmt.startswith("e4m3")
+    const = dict(W=2051, PAGE=1600, BTW=41, GROUP=12, HEADS=24, D=256, Q_ROW_STRIDE=24, Q_HEAD_STRIDE=1,
+                 Q_OFFSET=0, STRIDE_PAGE=2 * 1600 * 512, STRIDE_TOKEN=512, STRIDE_HEAD=1600 * 512, V_OFFSET=256,
+                 BLOCK_M=16, BLOCK_N=32, NUM_TILES=65, NUM_SPLITS=64, PREFETCH=True, SCALED=fmt != "bf16", FP8=fp8,
+                 KV_BYTES=fmt == "e4m3_bytes")
+    types = dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, idx_ptr="*i32", bt_ptr="*i32", req_ptr="*i32",
+                 gate_ptr="*bf16", scale_ptr="*fp32", num_rows="i32", num_requests="i32", num_pages="i32",
+                 o_ptr="*fp32", lse_ptr="*fp32")
+    names = list(inspect.signature(K.sparse_attention_split_kernel.fn).parameters)
+    signature = {n: "constexpr" if n in const else types[n] for n in names}
+    source = ASTSource(K.sparse_attention_split_kernel, signature,
+                       constexprs={(names.index(k),): v for k, v in const.items()})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2)).asm["ptx"]
+    mma = set(re.findall(r"mma\.sync\.aligned\.\w+\.row\.col\.f32\.(\w+)\.\w+\.f32", ptx))
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) == fp8
+    assert mma == ({"bf16", "f16"} if fp8 else {"bf16"}), mma
+
+
+# ------------------------------------------------------------------------ 0.34.0 in Triton's interpreter
+
+
+def test_034_originals_in_triton_interpreter():
+    """vLLM 0.34.0's kernels on CPU (Triton's interpreter, subprocess) on small e4m3 and
+    bf16 cases with scales, against the xla implementation with the same (GB300) table.
+    The uint8 path of 0.34.0 decodes with inline PTX, which the interpreter cannot run."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    _load_034()  # skips while the harness cannot load 0.34.0
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, __file__], cwd=repo, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0 and "INTERPRET034 OK" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _patch_interpreter_mixed_and():
+    """Triton 3.6's interpreter types the originals' scalar ``lse_max > -inf`` in the merge
+    kernel as fp32, and ``split_mask & has_values`` then fails in NumPy; on the GPU both are
+    booleans. Combine such operands as booleans."""
+    import triton.language as tl
+    import triton.runtime.interpreter as ti
+
+    create_and = ti.InterpreterBuilder.create_and
+
+    def patched(self, lhs, rhs):
+        kinds = {lhs.data.dtype.type, rhs.data.dtype.type}
+        if np.bool_ in kinds and len(kinds) > 1:
+            return ti.TensorHandle(np.logical_and(lhs.data.astype(bool), rhs.data.astype(bool)), tl.int1)
+        return create_and(self, lhs, rhs)
+
+    ti.InterpreterBuilder.create_and = patched
+
+
+def _interpret_034_main() -> int:
+    import torch
+
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import test_triton
+
+    test_triton._patch_interpreter()
+    _patch_interpreter_mixed_and()
+    from qsa_testing import originals
+
+    mod = originals.load(version="0.34.0")
+    for name in ("_is_sm80", "_is_sm90", "_is_sm120"):  # no GPU: 0.34.0's default table
+        setattr(mod, name, lambda: False)
+
+    def to_t(x):
+        x = np.ascontiguousarray(x)
+        if x.dtype == C.BF16:
+            return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+        if x.dtype == E4M3:
+            return torch.from_numpy(x.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+        return torch.from_numpy(x.copy())
+
+    failures = 0
+    for seed, fmt in ((31, "e4m3"), (32, "bf16_scaled")):
+        # 2 rows x 2 KV heads: two splits and the merge; 260 rows: 520 programs, one split
+        for rows in (2, 260):
+            case = _case(seed=seed, rows=rows)
+            kv = _cache(case, fmt)
+            d = case.head_dim
+            kv_t = to_t(kv)
+            k_view, v_view = kv_t.transpose(1, 2).split(d, dim=-1)
+            theirs = mod.qsa_sparse_paged_attention(
+                to_t(case.q), k_view, v_view, to_t(case.logical_indices), to_t(case.block_table),
+                to_t(case.token_to_req), False, None, K_SCALE, V_SCALE, output_gate=to_t(case.output_gate))
+            theirs = theirs.view(torch.int16).numpy().view(C.BF16)
+            ours = _run(case, kv, "xla", k_scale=K_SCALE, v_scale=V_SCALE)
+            err = _rel(ours, theirs)
+            ok = err <= ORACLE_BAR and np.array_equal(ours.astype(np.float64) == 0, theirs.astype(np.float64) == 0)
+            failures += not ok
+            print(f"0.34.0 interpreter {fmt} rows={case.q.shape[0]} cfg={tuple(case.config())} "
+                  f"rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+    print("INTERPRET034 OK" if not failures else f"INTERPRET034 {failures} FAILURES")
+    return 1 if failures else 0
+
+
+
+# ------------------------------------------------------------------------ GPU
+
+
+CONTEXT = 65536
+POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}
+GPU_ROWS = (1, 16, 256, 2048)
+SAMPLED_ROWS = 24  # rows per case compared with exact attention (float64 on the host)
+
+
+def _exact_rows(case, k_pages, v_pages, rows, k_scale, v_scale):
+    """Exact gated attention in float64 for ``rows``: softmax(q.K^T D^-0.5 k_scale) V v_scale,
+    times sigmoid(gate), over the dequantised cache; no intermediate rounding."""
+    w = case.selection_width
+    d = case.head_dim
+    hk = k_pages.shape[1]
+    g = case.q.shape[1] // hk
+    out = np.zeros((len(rows), case.q.shape[1], d))
+    for i, r in enumerate(rows):
+        count = min(int(case.logical_indices[r, w]), w)
+        toks = case.logical_indices[r, :count]
+        toks = toks[toks >= 0]
+        if toks.size == 0:
+            continue
+        pages = case.block_table[case.token_to_req[r], toks // case.page_size]
+        slots = toks % case.page_size
+        k = k_pages(pages, slots)  # [n, Hk, D] float64
+        v = v_pages(pages, slots)
+        q = case.q[r].astype(np.float64).reshape(hk, g, d)
+        s = np.einsum("hgd,nhd->hgn", q, k) * d ** -0.5 * k_scale
+        p = np.exp(s - s.max(-1, keepdims=True))
+        a = np.einsum("hgn,nhd->hgd", p / p.sum(-1, keepdims=True), v) * v_scale
+        gate = case.output_gate[r].astype(np.float64)
+        out[i] = a.reshape(-1, d) / (1 + np.exp(-gate))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tp", ["TP1", "TP2", "TP4"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e4m3_bytes", "bf16"])
+def test_gpu_fp8_parity(tp, fmt):
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from qsa_jax import arg_specs
+    from qsa_testing.torch_interop import random_kv_pool, to_numpy, to_torch, torch_to_jax
+
+    if jax.default_backend() not in ("gpu", "cuda"):
+        pytest.skip("needs a CUDA GPU")
+    g = arg_specs.GEOMETRIES[tp]
+    d = g.head_dim
+    pool = random_kv_pool(g, POOL_PAGES[tp], seed=77)  # [NB, Hk, P, 2D] bf16, N(0, 1)
+    if fmt == "bf16":
+        kv_t, ks, vs = pool, 1.0, 1.0  # bf16: 0.34.0 applies no scale value
+    else:
+        kv_t, ks, vs = (pool * 3.0).to(torch.float8_e4m3fn), K_SCALE, V_SCALE
+    del pool
+    kv_bytes = torch_to_jax(kv_t.view(torch.uint8)) if fmt != "bf16" else torch_to_jax(kv_t)
+    kv_jax = (jax.lax.bitcast_convert_type(kv_bytes, jnp.float8_e4m3fn) if fmt == "e4m3" else kv_bytes)
+
+    # Gathers go through the raw bytes (torch has no float8 indexing kernels everywhere).
+    raw = kv_t.view(torch.uint8) if fmt != "bf16" else kv_t
+
+    def pages_of(channel):
+        def get(pages, slots):
+            pt, st = torch.as_tensor(pages, device="cuda"), torch.as_tensor(slots, device="cuda")
+            x = raw[pt, :, st][..., channel * d:(channel + 1) * d]  # [n, Hk, D]
+            x = x.view(torch.float8_e4m3fn) if fmt != "bf16" else x
+            return x.to(torch.float64).cpu().numpy()
+        return get
+
+    orig = None
+    try:
+        orig = _load_034()
+    except pytest.skip.Exception:
+        pass
+    for rows in GPU_ROWS:
+        rng = np.random.default_rng(rows * 11 + g.num_query_heads)
+        case = C.sparse_attention_case(
+            rng, rows=rows, num_query_heads=g.num_query_heads, num_kv_heads=g.num_kv_heads,
+            head_dim=d, page_size=g.page_size, selection_blocks=arg_specs.SELECTION_BLOCKS,
+            context_tokens=CONTEXT, num_pages=kv_t.shape[0], make_cache=False)
+        sample = np.sort(rng.choice(rows, size=min(rows, SAMPLED_ROWS), replace=False))
+        exact = _exact_rows(case, pages_of(0), pages_of(1), sample, ks, vs)
+
+        def err(x):
+            return _rel(np.asarray(x, np.float64)[sample], exact)
+
+        ref_err = None
+        if orig is not None:
+            t = {k: to_torch(v) for k, v in case.arrays().items()}
+            k_view, v_view = kv_t.transpose(1, 2).split(d, dim=-1)
+            if fmt == "e4m3_bytes":
+                k_view, v_view = k_view.view(torch.uint8), v_view.view(torch.uint8)
+            ref = to_numpy(orig.qsa_sparse_paged_attention(
+                t["q"], k_view, v_view, t["logical_indices"], t["block_table"], t["token_to_req"],
+                False, None, ks, vs, output_gate=t["output_gate"]))
+            ref_err = err(ref)
+        for impl in qsa_jax.available_implementations("sparse_attention"):
+            got = np.asarray(qsa_jax.sparse_attention(
+                case.q, kv_jax, case.logical_indices, case.block_table, case.token_to_req,
+                case.output_gate, implementation=impl, k_scale=ks, v_scale=vs))
+            assert not np.isnan(got.astype(np.float32)).any(), (impl, rows)
+            e = err(got)
+            same_tiling = cfgmod.select_config(rows, g.num_kv_heads, False, case.selection_width, fmt != "bf16") \
+                == cfgmod.select_config(rows, g.num_kv_heads, False, case.selection_width, fmt != "bf16",
+                                        table="vllm-0.34")
+            fidelity = _rel(got, ref) if orig is not None and same_tiling else None
+            print(f"FP8PARITY {tp} {fmt} impl={impl} rows={rows} err={e:.3e} "
+                  f"originals_err={ref_err if ref_err is None else f'{ref_err:.3e}'} "
+                  f"vs_originals={fidelity if fidelity is None else f'{fidelity:.3e}'}")
+            # Fidelity contract (DESIGN.md 5.4): with 0.34.0's own tiling, <= 3e-4 from it.
+            assert fidelity is None or fidelity <= 3e-4, (impl, tp, fmt, rows, fidelity)
+            # Accuracy contract (DESIGN.md 5.4): within 1.10x of the originals' error from
+            # exact; without the originals, the bf16-output floor plus the rounded
+            # probabilities (measured 2.3-2.6e-3 for bf16 caches) bound it.
+            bar = 1.10 * ref_err if ref_err is not None else 3.5e-3
+            assert e <= bar, (impl, tp, fmt, rows, e, bar)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_interpret_034_main())
