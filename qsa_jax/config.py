@@ -50,6 +50,9 @@ class Tiling(NamedTuple):
     block_n: int
     splits: int  # wanted split count; capped at the number of tiles
     warps: int
+    # Software-pipelining depth of the Pallas kernel's tile loop; None: the
+    # implementation's own default (vLLM's tables do not set it).
+    stages: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +117,30 @@ VLLM_034_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {
 # wider tiles for its byte-decode path); the split count stays the table's.
 VLLM_034_FP8_OVERRIDES: dict[tuple[int, int], dict[str, int]] = {(8, 0): dict(block_n=128, warps=4)}
 
+# This project's own Hopper table, measured on an H200 (2026-12-03) by
+# ``python -m bench.hopper_sweep``: per bucket of programs, the fastest (block_n,
+# splits, warps, stages) of 15-26 tried on the TP1 and TP4 geometries in one process
+# beside vLLM 0.30.0 and 0.34.0, among the configs whose error from exact float64
+# attention is at most 1.10x the 0.30.0 original's (all winners measured 0.98-1.02x).
+# Busy time per call of each winner against the faster original, TP1 / TP4
+# (bench/results/nvidia-h200_2026-12-03/hopper_sweep/sweep.md):
+#   1-2 programs 0.88-0.94x, 4 1.01x, 8 1.07-1.13x, 16 1.02-1.06x (at 4-16 programs the
+#   Pallas kernel at 0.34's own tiling is as fast as 0.34; see notes/pallas.md),
+#   32 0.95-0.98x, 64-128 0.87-0.89x, 256 0.80-0.86x, 512 0.87-0.88x, 1024-2048
+#   0.95-0.98x, 4096 0.99-1.00x. Above 4096 programs (not reached by the sweep's budget)
+#   it keeps the 4096 winner, which is also vLLM's large-batch decode tiling.
+H200_BF16 = _table("h200-bf16-measured",
+                   [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 32, 4, 2)), (16, (16, 32, 4, 2)),
+                    (32, (32, 16, 2, 2)), (64, (32, 8, 2, 3)), (128, (32, 4, 2, 3)), (256, (32, 2, 2, 3)),
+                    (2048, (32, 1, 2, 3))],
+                   large_decode=(64, 1, 2, 2))
+
 # This project's own tables, measured on a card of the given capability, same form as
-# VLLM_034_TABLES. ``table=None`` (the default) consults them first; empty until measured.
-# A Hopper table plugs in as ``MEASURED_TABLES[(9, 0)] = (bf16_table, fp8_table)``.
-MEASURED_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {}
+# VLLM_034_TABLES. ``table=None`` (the default) consults them first. fp8 caches were not
+# swept: on Hopper they keep vLLM 0.34.0's sm_90 fp8 table.
+MEASURED_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {
+    (9, 0): (H200_BF16, SM90_FP8),
+}
 
 TABLE_NAMES = ("vllm-0.30", "vllm-0.34")
 
@@ -199,7 +222,7 @@ def select_config(
         raise ValueError(
             f"select_config needs num_rows >= 0, num_kv_heads > 0, num_columns > 0; got "
             f"num_rows={num_rows}, num_kv_heads={num_kv_heads}, num_columns={num_columns}")
-    block_n, splits, warps = table_tiling(num_rows * num_kv_heads, use_prefill_config,
+    block_n, splits, warps, _ = table_tiling(num_rows * num_kv_heads, use_prefill_config,
                                           is_fp8=is_fp8, capability=capability, table=table)
     num_tiles = _cdiv(num_columns, block_n)
     # A split with no tile would only write an empty partial: cap at the tile count.

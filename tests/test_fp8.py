@@ -430,35 +430,15 @@ def test_034_originals_in_triton_interpreter():
     assert done.returncode == 0 and "INTERPRET034 OK" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def _patch_interpreter_mixed_and():
-    """Triton 3.6's interpreter types the originals' scalar ``lse_max > -inf`` in the merge
-    kernel as fp32, and ``split_mask & has_values`` then fails in NumPy; on the GPU both are
-    booleans. Combine such operands as booleans."""
-    import triton.language as tl
-    import triton.runtime.interpreter as ti
-
-    create_and = ti.InterpreterBuilder.create_and
-
-    def patched(self, lhs, rhs):
-        kinds = {lhs.data.dtype.type, rhs.data.dtype.type}
-        if np.bool_ in kinds and len(kinds) > 1:
-            return ti.TensorHandle(np.logical_and(lhs.data.astype(bool), rhs.data.astype(bool)), tl.int1)
-        return create_and(self, lhs, rhs)
-
-    ti.InterpreterBuilder.create_and = patched
-
-
 def _interpret_034_main() -> int:
     import torch
 
     import pathlib
     import sys
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    import test_triton
+    from qsa_testing.triton_interpreter import patch_interpreter
 
-    test_triton._patch_interpreter()
-    _patch_interpreter_mixed_and()
+    patch_interpreter()
     from qsa_testing import originals
 
     mod = originals.load(version="0.34.0")

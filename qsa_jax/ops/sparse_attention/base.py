@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from qsa_jax.config import SparseAttentionConfig, select_config
+from qsa_jax.config import SparseAttentionConfig, select_config, table_tiling
 
 # Scores start here and invalid entries get this score: a finite "minus
 # infinity" keeps exp2(max_old - max_new) finite when a tile has no valid
@@ -269,6 +269,9 @@ class SparseAttentionProblem:
     # k_scale/v_scale given: vLLM 0.34.0's arithmetic, with the fp32 pair from
     # ``scale_operand`` as an extra (traced) kernel operand.
     scaled: bool = False
+    # Pipelining depth the config's table measured best (Pallas); None: the
+    # implementation's default. Never set with an explicit ``config=``.
+    num_stages: int | None = None
 
     @property
     def is_fp8(self) -> bool:
@@ -353,9 +356,12 @@ def check_sparse_attention_args(
 
     width = li[1] - 1
     explicit = not (config is None or isinstance(config, str))
+    stages = None
     if not explicit:
         cfg = select_config(rows, cache.num_kv_heads, bool(use_prefill_config), width, fmt != "bf16",
                             table=config)
+        stages = table_tiling(rows * cache.num_kv_heads, bool(use_prefill_config), is_fp8=fmt != "bf16",
+                              table=config).stages
     else:
         cfg = SparseAttentionConfig(*config)
         if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
@@ -366,7 +372,7 @@ def check_sparse_attention_args(
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
                                   config_explicit=explicit, q_layout=q_layout, kv_format=fmt,
-                                  scaled=all(given.values()))
+                                  scaled=all(given.values()), num_stages=stages)
 
 
 def _host_scale(name: str, value) -> float | None:

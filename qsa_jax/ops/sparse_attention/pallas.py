@@ -60,16 +60,19 @@ MERGE_WARPS = 2
 def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int, int]:
     """(block_n, num_warps, num_tiles, num_splits, num_stages) for this call.
 
-    The tiling always comes from ``problem.config``: it is part of the
-    numerical contract (which tiles share a running maximum). The Triton knobs
-    (warps, stages) come from the Hopper table in ``qsa_jax.config`` on a Hopper
-    GPU unless the caller passed ``config=``, which is then used exactly as given.
+    The tiling always comes from ``problem.config``. The Triton knobs: a measured
+    table (``config.MEASURED_TABLES``, chosen by ``select_config``) sets warps and
+    stages as it measured them; with one of vLLM's tables on a Hopper GPU the warps
+    and stages come from ``config.pallas_hopper_launch``; an explicit ``config=`` is
+    used exactly as given (stages: ``DEFAULT_NUM_STAGES``).
     """
     from qsa_jax.config import pallas_hopper_launch, running_on_hopper
 
     cfg = problem.config
     warps, stages = cfg.num_warps, DEFAULT_NUM_STAGES
-    if not problem.config_explicit and running_on_hopper():
+    if problem.num_stages is not None:  # a measured table: its warps and stages as measured
+        stages = problem.num_stages
+    elif not problem.config_explicit and running_on_hopper():
         warps, stages = pallas_hopper_launch(cfg)
     return cfg.block_n, warps, cfg.num_tiles, cfg.num_splits, stages
 
