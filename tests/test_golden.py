@@ -79,10 +79,13 @@ def test_oracle_matches_sparse_golden(case, expected):
 # Accuracy against exact attention, and checks of the checks
 
 
-def _xla(case, config=None, **patches):
-    """The XLA reference traced afresh (so that monkeypatched pieces take effect)."""
+def _xla(case, config=None, *, fresh=False):
+    """The XLA reference; ``fresh``: traced anew, so that monkeypatched pieces take effect."""
     args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
             case.output_gate)
+    if not fresh:
+        return np.asarray(qsa_jax.sparse_attention(
+            *args, use_prefill_config=case.use_prefill_config, config=config, implementation="xla"))
     problem = sbase.check_sparse_attention_args(
         *args, use_prefill_config=case.use_prefill_config, config=config)
     return np.asarray(jax.jit(functools.partial(sxla.run, problem))(case.q, (case.kv_cache,), *args[2:]))
@@ -95,8 +98,7 @@ def _exact(case):
 
 # Cases small enough for a few extra XLA compiles each; TP1/TP2/TP4, splits 64/8/3/2, edges.
 ACCURACY_CASES = [(c, e) for c, e in SPARSE if c.name in (
-    "tp1_r3_s64_full", "tp2_r12_s64", "tp4_r40_s8", "tp1_r5_w83_s3", "tp4_r20_w63_d256_s2",
-    "edge_tp1_r30_w2051")]
+    "tp1_r3_s64_full", "tp2_r12_s64", "tp4_r20_w63_d256_s2", "edge_tp1_r30_w2051")]
 
 
 @pytest.mark.parametrize("tiling", [(64, 1), (16, 8)])
@@ -111,8 +113,6 @@ def test_other_tilings_are_as_accurate_as_the_originals(case, expected, tiling):
     exact = _exact(case)
     res = assert_accuracy(got, expected, exact, what=f"xla {tuple(cfg)}/{case.name}")
     assert 2e-3 < res["err_originals"] < 3e-3  # the originals' own distance from exact
-    # and the originals' tiling is just as accurate (the same code path)
-    assert_accuracy(_xla(case), expected, exact, what=f"xla/{case.name}")
 
 
 def _fp16_sigmoid_gate(attention_fp32, output_gate):
@@ -123,13 +123,12 @@ def _fp16_sigmoid_gate(attention_fp32, output_gate):
 
 
 def test_fidelity_catches_an_fp16_sigmoid(monkeypatch):
-    """Deliberate break: an fp16 sigmoid in the gate epilogue fails fidelity on every golden
-    (rel. error 1.1-1.3e-3 on CPU against the faithful XLA's <= 2.2e-4)."""
+    """Deliberate break: an fp16 sigmoid in the gate epilogue fails fidelity on the goldens
+    (rel. error 1.1-1.3e-3 on all 17 on CPU, measured once, against the faithful XLA's
+    <= 2.2e-4; four of them here to keep CI short)."""
     monkeypatch.setattr(sxla, "gate_epilogue", _fp16_sigmoid_gate)
-    for case, expected in SPARSE:
-        if case.q.shape[0] == 0 or case.q.shape[0] > 256:
-            continue  # the large cases only cost time; the bug is the same everywhere
-        res = fidelity(_xla(case), expected)
+    for case, expected in ACCURACY_CASES:  # (the XLA epilogue is one code path for all)
+        res = fidelity(_xla(case, fresh=True), expected)
         assert not res["ok"] and res["rel_err"] > 3e-4, (case.name, res)
 
 
@@ -196,7 +195,7 @@ def test_a_stray_read_shows_with_the_new_poison(bug, poison, monkeypatch):
         got = _ignores_count(case)
     else:
         monkeypatch.setattr(sxla, "entry_rows", _wrong_request_rows)
-        got = _xla(case)
+        got = _xla(case, fresh=True)
     bad = fidelity(got, ref, what=bug)
     if poison == "old":
         assert bad["ok"], bad["why"]  # silently passes: the blind spot of NaN-K poison
