@@ -36,8 +36,8 @@ from qsa_testing.oracle import _valid_entries
 
 __all__ = ["exact_attention", "exact_attention_fetched", "consumed_columns", "spread_rows"]
 
-# Rows gathered per chunk: bounds the float64 K/V gather ([rows, W, Hk, D] each) to ~100 MB
-# at the real shapes (W = 2051, Hk = 2, D = 256 -> 8.4 MB per row for K and V together).
+# Rows gathered per chunk: bounds the float64 K/V gather ([rows, Hk, W, D] each) to ~130 MB
+# at the real shapes (W = 2051, Hk = 2, D = 256: 8.4 MB per row for K, as much for V).
 _ROWS_PER_CHUNK = 8
 
 
@@ -60,7 +60,8 @@ def consumed_columns(counts, width: int, *, block_n: int | None = None,
 
 
 def _split_caches(kv):
-    """(K, V) as float64 arrays in the logical [NB, P, Hk, D] layout, from either layout."""
+    """(K, V) in the logical [NB, P, Hk, D] layout (views, own dtype), from either layout;
+    only the gathered rows are converted to float64."""
     if isinstance(kv, (tuple, list)):
         k, v = (np.asarray(a) for a in kv)
         if k.shape != v.shape or k.ndim != 4:

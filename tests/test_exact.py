@@ -1,9 +1,8 @@
 """Hand-made checks of the exact-attention oracle (qsa_testing.exact) and of the two
 correctness contracts (qsa_testing.agreement).
 
-The reference here is a per-row, per-head loop written out with Python ints for the
-addressing and math.fsum-free NumPy float64 for a dense softmax: nothing shared with the
-vectorised oracle except the inputs.
+The reference here is a per-row, per-head loop with Python ints for the addressing and a
+dense float64 softmax per head: it shares nothing with the vectorised oracle but the inputs.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from qsa_jax.ops.sparse_attention import base as sbase
 from qsa_jax.ops.sparse_attention import xla as sxla
 from qsa_testing import cases as C
 from qsa_testing import golden, oracle
-from qsa_testing.agreement import accuracy, assert_accuracy, assert_fidelity, fidelity
+from qsa_testing.agreement import assert_accuracy, assert_fidelity, fidelity
 from qsa_testing.exact import exact_attention
 
 if not golden.available():
