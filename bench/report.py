@@ -45,6 +45,8 @@ def check_text(rec) -> str:
             txt += f" {chk['nan']} NaN"
         if chk.get("nonzero_where_reference_zero"):
             txt += f" {chk['nonzero_where_reference_zero']} nonzero@0"
+        if "exact_ratio" in chk:  # accuracy: error vs exact attention / the reference's
+            txt += f", vs exact ×{chk['exact_ratio']:.2f}"
     elif "why" in chk:
         txt = chk["why"]
     else:

@@ -162,12 +162,31 @@ def referenced_rows(case: SparseAttentionCase, config=None) -> np.ndarray:
     return mask
 
 
+# Unreferenced K rows are scaled up by this power of two (exact in bf16): a stray score is then
+# ~8x the valid ones' spread and takes most of its softmax wherever it lands.
+POISON_K_SCALE = 8.0
+
+
 def poison_unreferenced(case: SparseAttentionCase, config=None) -> SparseAttentionCase:
-    """Write NaN into every cache row that no consumed valid entry reads."""
+    """Make every cache row that no consumed valid entry reads show up if it is read.
+
+    Such a row gets its K multiplied by ``POISON_K_SCALE`` (finite, large scores) and NaN in
+    its V. A read that reaches the P.V product (any weight, even 0, times NaN) turns the
+    output NaN, and a stray K that is not masked takes the softmax with a large finite
+    score. NaN in K would not show: it makes the split's normaliser NaN, the split is then
+    dropped as empty and the row reads 0 -- what an empty row should give (docs/spec.md §6.5).
+    A correct kernel selects (``where``/masked load) before any arithmetic, so it never sees
+    either value; invalid entries' clamped address (row 0) may be one of these rows.
+    Deterministic and draws no random numbers (the callers' streams stay as they were).
+    """
     mask = referenced_rows(case, config)
-    bits = case.kv_cache.view(np.uint16).copy()
-    bits[np.broadcast_to(~mask[:, None, :, None], bits.shape)] = BF16_NAN_BITS
-    case.kv_cache = bits.view(BF16)
+    d = case.head_dim
+    kv = case.kv_cache.copy()
+    stray = np.broadcast_to(~mask[:, None, :], kv.shape[:3])  # [NB, Hk, P]
+    kv[..., :d][stray] = (kv[..., :d][stray].astype(np.float32) * POISON_K_SCALE).astype(BF16)
+    bits = kv.view(np.uint16)
+    bits[..., d:][stray] = BF16_NAN_BITS
+    case.kv_cache = kv
     return case
 
 
@@ -236,7 +255,8 @@ def add_edge_rows(rng: np.random.Generator, case: SparseAttentionCase) -> Sparse
 
 def gpu_kernel_case(rows: int, *, num_query_heads: int, num_kv_heads: int) -> SparseAttentionCase:
     """A GPU-sized case for kernel-vs-kernel checks: the real D = 256 and W = 2051, pages of
-    64, every degenerate row kind, and NaN in every cache row the kernels must not read."""
+    64, every degenerate row kind, and every cache row the kernels must not read poisoned
+    (``poison_unreferenced``)."""
     rng = np.random.default_rng(rows)
     case = sparse_attention_case(
         rng, rows=rows, num_query_heads=num_query_heads, num_kv_heads=num_kv_heads, head_dim=256,

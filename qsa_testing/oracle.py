@@ -92,22 +92,21 @@ def _require(cond: bool, msg: str) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _valid_entries(indices_row, req, block_table, P, NB):
-    """Per column of one row: (valid mask, physical page, in-page slot).
+def _valid_entries(indices, req, block_table, P, NB):
+    """Per column: (valid mask, physical page, in-page slot), for one row or many.
 
-    An entry is used only when the request exists, the token index is >= 0, its logical
-    page is inside the block-table row and the physical page is inside the cache. Pages and
-    slots of invalid entries are set to 0 but must never be read (the mask selects first).
+    ``indices`` is [..., W] (one row's columns, or [R, W]); ``req`` is the request of each
+    row (a scalar, or [...] matching the leading dims). An entry is used only when the
+    request exists, the token index is >= 0, its logical page is inside the block-table row
+    and the physical page is inside the cache. Pages and slots of invalid entries are set
+    to 0 but must never be read (the mask selects first). Shared by the exact oracle.
     """
     NR, BTW = block_table.shape
-    t = indices_row.astype(np.int64)
-    valid = np.zeros(t.shape, dtype=bool)
+    t = np.asarray(indices).astype(np.int64)
+    req = np.broadcast_to(np.asarray(req, np.int64)[..., None], t.shape)
+    in_table = (req >= 0) & (req < NR) & (t >= 0) & (t // P < BTW)
     page = np.zeros(t.shape, dtype=np.int64)
-    if not (0 <= req < NR):
-        return valid, page, page.copy()
-    lp = np.where(t >= 0, t // P, -1)
-    in_table = (t >= 0) & (lp < BTW)
-    page[in_table] = block_table[req, lp[in_table]]
+    page[in_table] = block_table[req[in_table], t[in_table] // P]
     valid = in_table & (page >= 0) & (page < NB)
     slot = np.where(valid, t % P, 0)
     page = np.where(valid, page, 0)

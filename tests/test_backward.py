@@ -107,7 +107,7 @@ def test_exact_gradient_matches_finite_differences_and_xla_backward_float64():
 # 1.74-1.83x -- its dots round dA, p and dS to bf16 like flash attention; dgate
 # 1.40-1.92x for both (more cases), because it is formed from the forward's
 # attention (the residual), which carries the forward's own error (~1.5x the
-# floor: bf16 probabilities in P.V, DESIGN.md section 5) plus its bf16 rounding.
+# floor: bf16 probabilities in P.V, docs/spec.md §6) plus its bf16 rounding.
 BF16_BAR = {"xla": {"q": 1.15, "kv": 1.15, "gate": 2.3},
             "pallas": {"q": 2.1, "kv": 2.1, "gate": 2.3}}
 

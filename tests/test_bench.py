@@ -28,6 +28,8 @@ def test_bench_cpu_mode_tiny(tmp_path):
     sparse = [r for r in recs if r["op"] == "sparse_attention"]
     assert [r["rows"] for r in sparse] == [1, 4]
     assert all(r["config"] and r["bytes_per_call"]["total"] > 0 for r in sparse)
+    # sparse attention is held to the accuracy contract (any tiling), fidelity recorded beside
+    assert all(r["check"]["contract"] == "accuracy" and r["check"]["fidelity_ok"] for r in sparse)
     assert res["copy_bandwidth"]["gbps"] > 0
     table = summarize.summary_table(res)
     assert "sparse_attention — TP4" in table and "NOT a GPU measurement" in table

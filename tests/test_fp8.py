@@ -138,7 +138,7 @@ def test_nan_codes_in_unreferenced_pages_never_reach_the_output(impl, as_bytes):
     kv = _fp8(case.kv_cache, spread=3.0)
     cfg = SparseAttentionConfig(16, 1, -(-case.selection_width // 16), 3)
     clean = _run(case, kv.view(np.uint8) if as_bytes else kv, impl, cfg, k_scale=K_SCALE, v_scale=V_SCALE)
-    # Poison that shows (DESIGN.md 5.5): K the largest finite e4m3 (a stray score would
+    # Poison that shows (docs/spec.md §6.5): K the largest finite e4m3 (a stray score would
     # dominate its row), V a NaN code (a stray value would make the output NaN).
     mask = C.referenced_rows(case, cfg)
     assert (~mask).any() and mask.any()
@@ -588,9 +588,9 @@ def test_gpu_fp8_parity(tp, fmt):
             print(f"FP8PARITY {tp} {fmt} impl={impl} rows={rows} err={e:.3e} "
                   f"originals_err={ref_err if ref_err is None else f'{ref_err:.3e}'} "
                   f"vs_originals={fidelity if fidelity is None else f'{fidelity:.3e}'}")
-            # Fidelity contract (DESIGN.md 5.4): with 0.34.0's own tiling, <= 3e-4 from it.
+            # Fidelity contract (docs/spec.md §6): with 0.34.0's own tiling, <= 3e-4 from it.
             assert fidelity is None or fidelity <= 3e-4, (impl, tp, fmt, rows, fidelity)
-            # Accuracy contract (DESIGN.md 5.4): within 1.10x of the originals' error from
+            # Accuracy contract (docs/spec.md §6): within 1.10x of the originals' error from
             # exact; without the originals, the bf16-output floor plus the rounded
             # probabilities (measured 2.3-2.6e-3 for bf16 caches) bound it.
             bar = 1.10 * ref_err if ref_err is not None else 3.5e-3

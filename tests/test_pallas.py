@@ -26,7 +26,7 @@ import qsa_jax
 from qsa_jax.config import SparseAttentionConfig
 from qsa_testing import cases as C
 from qsa_testing import oracle
-from qsa_testing.agreement import assert_agrees
+from qsa_testing.agreement import assert_fidelity
 
 
 # The Triton lowering warns that it is deprecated upstream (docs/spec.md §8).
@@ -67,7 +67,7 @@ def test_every_split_count_against_oracle(splits):
     cfg = SparseAttentionConfig(block_n, 4, tiles, splits)
     C.poison_unreferenced(case, cfg)
     got = _run_sparse(case, case.kv_cache, config=tuple(cfg))
-    assert_agrees(got, _oracle(case, cfg), what=f"pallas splits={splits}")
+    assert_fidelity(got, _oracle(case, cfg), what=f"pallas splits={splits}")
 
 
 @pytest.mark.parametrize("layout", ["fused", "split"])
@@ -80,7 +80,7 @@ def test_default_config_edges_and_nan(geometry, layout):
     kv = case.kv_cache if layout == "fused" else case.split_caches()
     got = _run_sparse(case, kv)
     expected = _oracle(case, case.config())
-    assert_agrees(got, expected, what=f"pallas {geometry} {layout}")
+    assert_fidelity(got, expected, what=f"pallas {geometry} {layout}")
     # Degenerate rows (count <= 0, bad request, all -1) give exact zeros.
     assert (expected == 0).all(axis=(1, 2)).any()
 
@@ -90,7 +90,7 @@ def test_partial_last_tile_and_block_n_64():
     case = _small_case(7, rows=5, blocks=10, width=45, edge=False)
     cfg = SparseAttentionConfig(64, 2, 1, 1)
     C.poison_unreferenced(case, cfg)
-    assert_agrees(_run_sparse(case, case.kv_cache, config=tuple(cfg)), _oracle(case, cfg))
+    assert_fidelity(_run_sparse(case, case.kv_cache, config=tuple(cfg)), _oracle(case, cfg))
 
 
 @pytest.mark.parametrize("block_d", [8, 16, 32])
@@ -112,7 +112,7 @@ def test_merge_block_d_is_bit_identical(block_d):
     outs = [np.asarray(jax.jit(functools.partial(pallas.run, problem, merge_block_d=b))(
         case.q, (case.kv_cache,), *args[2:])) for b in (32, block_d)]
     np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))
-    assert_agrees(outs[1], _oracle(case, SparseAttentionConfig(*cfg)), what=f"merge block_d={block_d}")
+    assert_fidelity(outs[1], _oracle(case, SparseAttentionConfig(*cfg)), what=f"merge block_d={block_d}")
 
 
 def test_merge_block_d_heuristic_and_real_head_dim():
@@ -125,7 +125,7 @@ def test_merge_block_d_heuristic_and_real_head_dim():
     case = _small_case(43, rows=2, heads=4, kv_heads=1, d=256, blocks=12, width=131, edge=False)
     cfg = SparseAttentionConfig(16, 4, 9, 4)
     C.poison_unreferenced(case, cfg)
-    assert_agrees(_run_sparse(case, case.kv_cache, config=tuple(cfg)), _oracle(case, cfg),
+    assert_fidelity(_run_sparse(case, case.kv_cache, config=tuple(cfg)), _oracle(case, cfg),
                   what="pallas D=256 chunked merge")
     with pytest.raises(ValueError, match="must divide head_dim"):
         from qsa_jax.ops.sparse_attention import pallas
@@ -281,7 +281,7 @@ def test_gpu_pallas_matches_xla(rows):
         args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
         got = np.asarray(qsa_jax.sparse_attention(*args, implementation="pallas"))
         want = np.asarray(qsa_jax.sparse_attention(*args, implementation="xla"))
-        assert_agrees(got, want, what=f"gpu pallas rows={rows}")
+        assert_fidelity(got, want, what=f"gpu pallas rows={rows}")
 
 
 def test_cache_past_int32_elements_is_addressed_in_64_bits(cuda_lowering, monkeypatch, capsys):

@@ -26,7 +26,7 @@ import qsa_torch_shim as S
 from qsa_torch_shim import _interop as I
 from qsa_testing import cases as C
 from qsa_testing import golden, oracle
-from qsa_testing.agreement import assert_agrees
+from qsa_testing.agreement import assert_fidelity
 from qsa_testing.torch_interop import kv_views, random_kv_pool, to_numpy, to_torch
 
 SPARSE = golden.sparse_attention_cases()
@@ -73,7 +73,7 @@ def test_sparse_golden(case, expected, mode):
     if out is not None:
         assert got is out
     assert got.dtype == torch.bfloat16 and got.shape == a["q"].shape
-    assert_agrees(to_numpy(got), expected, what=f"shim/{mode}/{case.name}")
+    assert_fidelity(to_numpy(got), expected, what=f"shim/{mode}/{case.name}")
 
 
 def _compress_torch(case, *, packed=False):
@@ -360,7 +360,7 @@ def test_sparse_imports_are_zero_copy(monkeypatch):
     assert cached == {kv.data_ptr(), a["q"].data_ptr(), gate.data_ptr(),
                       a["logical_indices"].data_ptr(), a["block_table"].data_ptr(),
                       a["token_to_req"].data_ptr()}
-    assert_agrees(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
+    assert_fidelity(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
 
 
 SPARSE_BY_NAME = [(c.name, e) for c, e in SPARSE]
@@ -394,7 +394,7 @@ def test_strided_q_is_read_in_place(monkeypatch, leading_heads):
     rows_of_q = imported[q.data_ptr()]
     assert rows_of_q[1] == 256 and rows_of_q[0] < qkv.numel() // 256  # the qkv rows, not a copy
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    assert_agrees(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
+    assert_fidelity(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
 
 
 def test_strided_query_geometry():
@@ -479,7 +479,7 @@ def test_misaligned_view_is_copied_with_warning():
     assert q.data_ptr() % 64
     with pytest.warns(S.ShimCopyWarning, match="aligned"):
         got = _call_sparse(S.qsa_sparse_paged_attention, {**a, "q": q}, gate)
-    assert_agrees(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
+    assert_fidelity(to_numpy(got), dict(SPARSE_BY_NAME)[case.name])
 
 
 def test_noncompact_out_is_written():
@@ -490,7 +490,7 @@ def test_noncompact_out_is_written():
     with pytest.warns(S.ShimCopyWarning):
         got = _call_sparse(S.qsa_sparse_paged_attention, a, gate, out)
     assert got is out
-    assert_agrees(to_numpy(out), dict(SPARSE_BY_NAME)[case.name])
+    assert_fidelity(to_numpy(out), dict(SPARSE_BY_NAME)[case.name])
     assert not big[:, 1::2].any()
 
 
@@ -584,7 +584,7 @@ def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows):
         out = torch.empty_like(a["q"])
         got = _call_sparse(S.qsa_sparse_paged_attention, a, gate, out)
         assert got is out
-        assert_agrees(to_numpy(got), to_numpy(want), what=f"{g.name}/r{rows}/prefill={flag}")
+        assert_fidelity(to_numpy(got), to_numpy(want), what=f"{g.name}/r{rows}/prefill={flag}")
 
 
 @pytest.mark.gpu
@@ -605,7 +605,7 @@ def test_gpu_strided_q_matches_original_without_copy(orig, gpu_pool, rows, monke
         new = _call_sparse(S.qsa_sparse_paged_attention, a, gate)
     assert got is out and qkv.data_ptr() in imported
     assert torch.equal(new.view(torch.int16), got.view(torch.int16))
-    assert_agrees(to_numpy(got), to_numpy(want), what=f"{g.name}/r{rows}/strided q")
+    assert_fidelity(to_numpy(got), to_numpy(want), what=f"{g.name}/r{rows}/strided q")
 
 
 @pytest.mark.gpu

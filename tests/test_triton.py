@@ -174,7 +174,7 @@ if __name__ != "__main__":
         import jax.numpy as jnp
 
         from qsa_testing import cases as C
-        from qsa_testing.agreement import assert_agrees
+        from qsa_testing.agreement import assert_fidelity
 
         rng = np.random.default_rng(5)
         d, p, hk = 256, 1600, 1
@@ -191,7 +191,7 @@ if __name__ != "__main__":
         small_table = case.block_table - (nb - 8)
         ref = qsa_jax.sparse_attention(case.q, jnp.asarray(tail), case.logical_indices, small_table,
                                        case.token_to_req, case.output_gate, implementation="xla")
-        assert_agrees(np.asarray(got), np.asarray(ref), what="large cache")
+        assert_fidelity(np.asarray(got), np.asarray(ref), what="large cache")
 
 
 # ---------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
     from qsa_jax.ops.store_cache_rows import triton as sttri
     from qsa_testing import cases as C
     from qsa_testing import golden, oracle
-    from qsa_testing.agreement import assert_agrees
+    from qsa_testing.agreement import assert_fidelity
 
     for mod in (stri, ctri, sttri):
         mod._jt = jax_triton
@@ -280,7 +280,7 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
                 got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
                                jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
                                jnp.asarray(case.output_gate), config=problem.config)
-                err = assert_agrees(np.asarray(got), expected, what=f"{case.name}/{layout}")
+                err = assert_fidelity(np.asarray(got), expected, what=f"{case.name}/{layout}")["rel_err"]
                 print(f"sparse_attention {case.name} {layout} cfg={tuple(problem.config)} rel_err={err:.2e}")
             except AssertionError as exc:
                 failures += 1
@@ -307,7 +307,7 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
         got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
                        jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
                        jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate), config=cfg)
-        err = assert_agrees(np.asarray(got), expected, what="fresh_edge vs oracle")
+        err = assert_fidelity(np.asarray(got), expected, what="fresh_edge vs oracle")["rel_err"]
         print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
     except AssertionError as exc:
         failures += 1
@@ -409,7 +409,7 @@ def gpu_report(argv) -> int:
     from qsa_jax.ops.sparse_attention import triton as tri
     from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
     from qsa_testing import originals
-    from qsa_testing.agreement import assert_agrees
+    from qsa_testing.agreement import assert_fidelity
 
     out_dir = pathlib.Path(os.environ.get("OUT", "/tmp/out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -541,7 +541,7 @@ def gpu_report(argv) -> int:
                 for i, r in enumerate(res[:2]):
                     expected = outs[i].view(torch.int16).cpu().numpy().view(bf16)
                     try:
-                        errs.append(assert_agrees(np.asarray(r), expected, what=f"{tp} r{rows} {vname}"))
+                        errs.append(assert_fidelity(np.asarray(r), expected, what=f"{tp} r{rows} {vname}")["rel_err"])
                     except AssertionError as exc:
                         log(f"PARITY FAIL {exc}")
                         errs.append(float("inf"))

@@ -29,7 +29,7 @@ import qsa_jax  # noqa: E402
 from qsa_jax import arg_specs  # noqa: E402
 from qsa_testing import cases as C  # noqa: E402
 from qsa_testing import oracle  # noqa: E402
-from qsa_testing.agreement import rel_frobenius  # noqa: E402
+from qsa_testing.agreement import fidelity  # noqa: E402
 
 
 def has_gpu() -> bool:
@@ -52,7 +52,7 @@ def cpu_demo(rows_list=(1, 8, 64), width_blocks=64, page_size=64) -> int:
             rng, rows=rows, num_query_heads=g.num_query_heads, num_kv_heads=g.num_kv_heads,
             head_dim=g.head_dim, page_size=page_size, selection_blocks=width_blocks,
             context_tokens=4 * width_blocks * 4, num_requests=max(1, rows // 4))
-        C.poison_unreferenced(case)  # NaN wherever no valid entry reads
+        C.poison_unreferenced(case)  # large K, NaN V wherever no valid entry reads
         cfg = case.config()
         k, v = case.split_caches()
         ref = oracle.sparse_attention_oracle(
@@ -72,15 +72,16 @@ def cpu_demo(rows_list=(1, 8, 64), width_blocks=64, page_size=64) -> int:
                 out = qsa_jax.sparse_attention(*args, implementation=impl)
             out.block_until_ready()
             steady = (time.perf_counter() - t0) / reps * 1e3
-            err = rel_frobenius(np.asarray(out), ref)
-            ok = err <= 1e-3 and not np.isnan(np.asarray(out, np.float32)).any()
+            check = fidelity(np.asarray(out), ref)  # same tiling as the oracle: fidelity
+            err, ok = check["rel_err"], check["ok"]
             failures += not ok
             label = "pallas-i" if impl == "pallas" else impl  # the Pallas interpreter, not a kernel
             print(f"{rows:5d} {label:8} {str(tuple(cfg)):22} {err:18.2e} {first:13.2f} {steady:10.2f}"
                   f"{'' if ok else '  FAIL'}")
     print("\npallas-i = Pallas in interpret mode (a CPU emulation of the kernel: correct, not fast).")
-    print("Correctness bar: relative Frobenius error <= 1e-3 vs the float64 oracle, no NaN "
-          "(unreferenced cache rows hold NaN).")
+    print("Correctness (fidelity): relative Frobenius error <= 3e-4 vs the float64 oracle of the same "
+          "tiling, <= 1% of elements more than one bf16 ulp off, no NaN (unreferenced cache rows "
+          "hold NaN V).")
     print("For speed, run this on a CUDA GPU: it then runs the benchmark (bench/run.py).")
     return 1 if failures else 0
 

@@ -11,8 +11,12 @@ cache lands outside any allocation and memcheck reports it. The cache is sized
 exactly (no spare pages) and the metadata points everywhere it must not be
 followed: tokens past the block table, physical pages -1 / NB / huge, request
 ids -1 / NR / huge, counts far above W, negative tokens and counts. Every
-cache row no valid entry reads holds NaN, and each kernel's output is also
-compared with the XLA reference (bar of docs/spec.md §6; stores bit-exact).
+cache row no valid entry reads is poisoned (``cases.poison_unreferenced``: large
+finite K, NaN V, so a stray read shows in the output), and each kernel's output
+is also compared with the XLA reference under the fidelity contract of
+docs/spec.md §6 (stores and pooling bit-exact). The kernels run their default
+route; while its tiling is the originals' (the jax-triton Hopper table only
+re-deals the last tile to its own split at <= 24 programs), fidelity applies.
 
 ``--plant`` runs only a control instead: a Pallas kernel that reads 1 Mi
 elements past the end of its input. memcheck must report it (a non-zero error
@@ -33,7 +37,7 @@ import numpy as np  # noqa: E402
 
 import qsa_jax  # noqa: E402
 from qsa_testing import cases as C  # noqa: E402
-from qsa_testing.agreement import assert_agrees  # noqa: E402
+from qsa_testing.agreement import assert_fidelity  # noqa: E402
 
 
 def adversarial_sparse_case(rng, rows, heads, kv_heads, d, page, width):
@@ -57,7 +61,8 @@ SPARSE_SHAPES = ((1, 24, 2, 2051), (16, 12, 1, 2051), (300, 6, 1, 259), (1100, 2
 
 def _agrees(out, ref) -> bool:
     try:
-        assert_agrees(out, ref)
+        res = assert_fidelity(out, ref)
+        print(f"     rel_err={res['rel_err']:.2e} ulp_fraction={res['ulp_fraction']:.2e}")
         return True
     except AssertionError as exc:
         print(f"MISMATCH {exc}")

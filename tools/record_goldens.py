@@ -7,8 +7,11 @@ operators on them and saves inputs and outputs as compressed npz files, one
 per operator, plus ``manifest.json`` naming the card, driver, versions and
 date.
 
-Unreferenced cache rows are poisoned with NaN before the originals run, so
-the goldens also prove that nothing reads them.
+Unreferenced cache rows are poisoned before the originals run
+(``cases.poison_unreferenced``: K scaled up, V NaN), so the goldens also prove
+that nothing reads them: a stray read turns an output NaN or visibly wrong.
+The poison draws no random numbers, so every case's referenced values (and so
+its expected output) are the same as under the earlier all-NaN poison.
 """
 
 from __future__ import annotations
