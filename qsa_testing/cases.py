@@ -20,6 +20,7 @@ import numpy as np
 from qsa_jax.config import select_config
 
 BF16 = ml_dtypes.bfloat16
+E4M3 = ml_dtypes.float8_e4m3fn
 BF16_NAN_BITS = np.uint16(0x7FC0)
 
 
@@ -68,8 +69,9 @@ class SparseAttentionCase:
         return np.ascontiguousarray(kv[..., :d]), np.ascontiguousarray(kv[..., d:])
 
     def config(self):
+        """vLLM 0.30.0's tiling for this case (the goldens' and the 0.30 originals'), on any device."""
         return select_config(self.q.shape[0], self.num_kv_heads, self.use_prefill_config,
-                             self.selection_width)
+                             self.selection_width, table="vllm-0.30")
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

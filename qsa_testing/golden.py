@@ -56,3 +56,22 @@ def store_cases() -> list[tuple[C.StoreCase, np.ndarray]]:
     raw = _unpack(np.load(GOLDEN_DIR / "store_cache_rows.npz"))
     return [(C.StoreCase(name=name, cache=f["cache"], slot_mapping=f["slot_mapping"], rows=f["rows"]),
              f["expected_cache"]) for name, f in raw.items()]
+
+
+def sparse_attention_v034_cases() -> list[tuple[C.SparseAttentionCase, np.ndarray, dict]]:
+    """vLLM 0.34.0's goldens: (case, expected output, manifest entry). The entry names the
+    cache kind ("e4m3", "bytes" or "bf16"), the scales and the tiling 0.34.0 chose on the
+    recording card; an "e4m3" case's kv_cache is returned as float8_e4m3fn."""
+    path = GOLDEN_DIR / "sparse_attention_v034.npz"
+    if not path.exists():
+        return []
+    raw = _unpack(np.load(path))
+    result = []
+    for meta in manifest().get("sparse_attention_v034", []):
+        f = dict(raw[meta["name"]])
+        expected = f.pop("expected_out")
+        prefill = bool(f.pop("use_prefill_config"))
+        if meta["kv"] == "e4m3":
+            f["kv_cache"] = f["kv_cache"].view(C.E4M3)
+        result.append((C.SparseAttentionCase(name=meta["name"], use_prefill_config=prefill, **f), expected, meta))
+    return result

@@ -38,6 +38,7 @@ from qsa_torch_shim.latency import measure_eager_latency
 ORIGINAL_MODULE = "vllm.models.qwen4_exp.nvidia.ops.qsa"
 
 __all__ = [
+    "set_tiling_table",
     "ShimCopyWarning",
     "clear_import_cache",
     "IMPORT_PATHS",
@@ -61,6 +62,22 @@ def register_torch_ops():
     from qsa_torch_shim import _torch_ops
 
     return _torch_ops
+
+
+def set_tiling_table(table: str | None) -> None:
+    """Which tiling table the shim's sparse attention uses from the next call on.
+
+    None (the default): qsa_jax's choice for the device -- its measured table where one
+    exists (the H200's is faster than either vLLM version's), else vLLM 0.34.0's.
+    "vllm-0.30" / "vllm-0.34": that version's table on any GPU, which reproduces its
+    rounding (the fidelity contract) rather than only its accuracy.
+    """
+    from qsa_jax.config import TABLE_NAMES
+    from qsa_torch_shim import _jax_side
+
+    if table is not None and table not in TABLE_NAMES:
+        raise ValueError(f"table must be None or one of {TABLE_NAMES}; got {table!r}")
+    _jax_side.TILING_TABLE[0] = table
 
 
 def installed_vllm_version() -> str | None:

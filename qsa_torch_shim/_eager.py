@@ -64,10 +64,10 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     flag = bool(use_prefill_config)
     if out is not None and I.is_importable(out):
         result = J.sparse_into(I.to_jax(out), *args, use_prefill_config=flag,
-                               implementation=implementation)
+                               implementation=implementation, table=J.TILING_TABLE[0])
         return _write_back(result, out, "out")
     result = I.to_torch(J.sparse_new(I.stream_fence(q.device), *args, use_prefill_config=flag,
-                                     implementation=implementation))
+                                     implementation=implementation, table=J.TILING_TABLE[0]))
     if out is None:
         return result
     I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")

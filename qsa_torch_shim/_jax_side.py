@@ -90,38 +90,45 @@ def scale_arrays(scales: tuple[float, float], like) -> tuple[jax.Array, jax.Arra
     return tuple(found)
 
 
+# The tiling table the shim's sparse attention uses (``qsa_torch_shim.set_tiling_table``):
+# None = qsa_jax's default (a measured table for the device where one exists, else vLLM
+# 0.34.0's), or "vllm-0.30" / "vllm-0.34" to reproduce that version's tiling (and so its
+# rounding) on any GPU. A one-element list so the eager path reads it on every call.
+TILING_TABLE: list = [None]
+
+
 def _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales, *,
-            use_prefill_config, implementation):
+            use_prefill_config, implementation, table=None):
     kv = kv_arrays[0] if len(kv_arrays) == 1 else tuple(kv_arrays)
     # Scales only for fp8 caches, so a bf16 call runs on a qsa_jax without fp8 support.
     extra = {} if scales is None else {"k_scale": scales[0], "v_scale": scales[1]}
     return qsa_jax.sparse_attention(q, kv, logical_indices, block_table, token_to_req, output_gate,
-                                    use_prefill_config=use_prefill_config,
+                                    use_prefill_config=use_prefill_config, config=table,
                                     implementation=implementation, **extra)
 
 
-@functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation"),
+@functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation", "table"),
                    keep_unused=True)
 def sparse_new(fence, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-               scales=None, *, use_prefill_config, implementation):
+               scales=None, *, use_prefill_config, implementation, table=None):
     # ``fence``: a fresh per-call import (or None on CPU) that orders this call after
     # torch's pending writes (``_interop.stream_fence``); keep_unused keeps it a parameter.
     del fence
     return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales,
-                   use_prefill_config=use_prefill_config, implementation=implementation)
+                   use_prefill_config=use_prefill_config, implementation=implementation, table=table)
 
 
-@functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation"),
+@functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation", "table"),
                    donate_argnums=(0,), keep_unused=True)
 def sparse_into(out, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                scales=None, *, use_prefill_config, implementation):
+                scales=None, *, use_prefill_config, implementation, table=None):
     # ``out`` is only the destination: donated, and aliased to the result
     # (same shape and dtype), so XLA writes the result into its memory.
     # keep_unused: without it jit prunes the unused parameter, and with it the
     # donation (the result would land in a fresh buffer).
     del out
     return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales,
-                   use_prefill_config=use_prefill_config, implementation=implementation)
+                   use_prefill_config=use_prefill_config, implementation=implementation, table=table)
 
 
 # --- store ------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ The 0.30.0 surface (``vllm_0_30``) calls the same functions with fp8 off.
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 
@@ -15,21 +14,20 @@ from qsa_jax.config import select_config as _qsa_select_config
 
 from qsa_torch_shim import _eager
 
-# qsa_jax's fp8 tables (``is_fp8``) may postdate this shim: without them an fp8
-# cache gets the bf16 table, which is 0.34's default (non-sm_80) choice anyway.
-_TABLE_HAS_FP8 = "is_fp8" in inspect.signature(_qsa_select_config).parameters
 
 
 def _select_config(num_rows: int, num_kv_heads: int, use_prefill_config: bool,
-                   num_columns: int, is_fp8: bool = False) -> tuple[int, int, int, int]:
-    """(BLOCK_N, num_warps, num_tiles, num_splits), as the originals' table.
+                   num_columns: int, is_fp8: bool = False, *,
+                   table: str | None = "vllm-0.34") -> tuple[int, int, int, int]:
+    """(BLOCK_N, num_warps, num_tiles, num_splits), as the originals' table (``table``:
+    the vLLM version's; None: the table the shim's own calls run, ``set_tiling_table``).
 
     qsa_jax's table is keyed on programs = rows * KV heads; it rejects the
     degenerate inputs (no columns, negative sizes) that the originals answer
     anyway, so those are answered here the way the originals do.
     """
     programs = max(int(num_rows) * int(num_kv_heads), 0)
-    extra = {"is_fp8": True} if is_fp8 and _TABLE_HAS_FP8 else {}
+    extra = {"is_fp8": bool(is_fp8), "table": table}
     flag = bool(use_prefill_config)
     if num_columns >= 1:
         return tuple(_qsa_select_config(programs, 1, flag, int(num_columns), **extra))
@@ -40,11 +38,14 @@ def _select_config(num_rows: int, num_kv_heads: int, use_prefill_config: bool,
 
 def warmup_rows(num_kv_heads: int, selection_width: int, max_rows: int = 8192,
                 is_fp8: bool = False) -> list[int]:
-    """One row count per config ``_select_config`` reaches (the smallest that picks it)."""
+    """One row count per config the shim's calls reach (the smallest that picks it)."""
+    from qsa_torch_shim import _jax_side
+
     seen, rows = set(), []
     for r in range(1, max_rows + 1):
         for flag in (False, True):
-            cfg = _select_config(r, num_kv_heads, flag, selection_width, is_fp8)
+            cfg = _select_config(r, num_kv_heads, flag, selection_width, is_fp8,
+                                 table=_jax_side.TILING_TABLE[0])
             if cfg not in seen:
                 seen.add(cfg)
                 rows.append(r)
@@ -61,7 +62,8 @@ def fp8_call_dtype(device: torch.device) -> torch.dtype:
 
 def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads: int,
            selection_width: int, rows=None, with_out: bool = True,
-           implementation: str | None = None, fp8_tables: bool = True):
+           implementation: str | None = None, fp8_tables: bool = True,
+           summary_table: str = "vllm-0.34"):
     """Compile the shim's calls for this deployment; returns the originals' summary.
 
     The return value is the originals': ``(block_n, num_splits, num_warps)`` of
@@ -88,7 +90,7 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
         scales = None
     k_cache, v_cache = kv_cache.transpose(1, 2).split(head_dim, dim=-1)
     num_kv_heads = k_cache.shape[2]
-    profiles = sorted({_select_config(r, num_kv_heads, flag, selection_width, table_fp8)
+    profiles = sorted({_select_config(r, num_kv_heads, flag, selection_width, table_fp8, table=summary_table)
                        for r in range(1, 8193) for flag in (False, True)})
     if rows is None:
         rows = warmup_rows(num_kv_heads, selection_width, is_fp8=scales is not None)
@@ -123,7 +125,8 @@ def public_warmup(fp8_tables: bool, version: str):
     ) -> tuple[tuple[int, int, int], ...]:
         return warmup(kv_cache, block_table, num_query_heads=num_query_heads,
                       selection_width=selection_width, rows=rows, with_out=with_out,
-                      implementation=implementation, fp8_tables=fp8_tables)
+                      implementation=implementation, fp8_tables=fp8_tables,
+                      summary_table="vllm-" + version.rsplit(".", 1)[0])
 
     warmup_qsa_sparse_paged_attention.__doc__ = (
         f"Compile the shim's calls for this deployment; returns vLLM {version}'s summary. "

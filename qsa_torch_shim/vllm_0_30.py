@@ -29,7 +29,7 @@ __all__ = [
 def _select_config(num_rows: int, num_kv_heads: int, use_prefill_config: bool,
                    num_columns: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, num_warps, num_tiles, num_splits), as 0.30.0's table (no fp8 argument)."""
-    return _select_config_034(num_rows, num_kv_heads, use_prefill_config, num_columns)
+    return _select_config_034(num_rows, num_kv_heads, use_prefill_config, num_columns, table="vllm-0.30")
 
 
 def qsa_sparse_paged_attention(

@@ -13,6 +13,8 @@ vLLM 0.34.0's originals where the harness can load them.
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -230,7 +232,9 @@ def test_dtype_errors():
 
 
 def test_tables_by_capability():
-    sel = cfgmod.select_config
+    # vLLM 0.34.0's own choice ("vllm-0.34"; the default consults this project's measured
+    # tables first, see test_measured_hopper_table).
+    sel = functools.partial(cfgmod.select_config, table="vllm-0.34")
     # TP1 decode, one row: sm_90 picks 64-wide tiles with 2 warps, GB300 32-wide with 4.
     assert sel(1, 2, False, 2051, False, (9, 0)) == (64, 2, 33, 33)  # 64 splits, capped at 33 tiles
     assert sel(1, 2, False, 2051, True, (9, 0)) == (64, 2, 33, 33)
@@ -245,6 +249,19 @@ def test_tables_by_capability():
     # any other capability: GB300, fp8 or not
     for cap in ((10, 0), (8, 9), (8, 6)):
         assert sel(1, 2, False, 2051, True, cap) == (32, 4, 65, 64)
+
+
+def test_measured_hopper_table():
+    """On sm_90 the default is the H200 table measured by bench.hopper_sweep (bf16; fp8 keeps
+    0.34.0's sm_90 table), with its pipelining depth; elsewhere 0.34.0's choice."""
+    sel = cfgmod.select_config
+    assert sel(1, 2, False, 2051, False, (9, 0)) == (32, 4, 65, 65)  # 2 programs: one tile per split
+    assert sel(32, 2, False, 2051, False, (9, 0)) == (32, 2, 65, 8)  # 64 programs
+    assert cfgmod.table_tiling(64, False, capability=(9, 0)).stages == 3
+    assert sel(4096, 2, True, 2051, False, (9, 0)) == (64, 2, 33, 1)  # prefill: the 4096 winner
+    assert sel(16, 2, False, 2051, True, (9, 0)) == sel(16, 2, False, 2051, True, (9, 0), table="vllm-0.34")
+    assert cfgmod.table_tiling(64, False, capability=(9, 0), table="vllm-0.34").stages is None
+    assert sel(1, 2, False, 2051, False, (12, 0)) == sel(1, 2, False, 2051, False, (12, 0), table="vllm-0.34")
 
 
 def test_cpu_default_is_the_030_table():

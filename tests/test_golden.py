@@ -73,6 +73,44 @@ def test_oracle_matches_sparse_golden(case, expected):
     assert_fidelity(ref, expected, what=f"oracle/{case.name}")
 
 
+SPARSE_034 = golden.sparse_attention_v034_cases()
+
+
+def test_v034_goldens_cover_every_cache_kind():
+    if not SPARSE_034:
+        pytest.skip("tests/golden has no vLLM 0.34.0 goldens yet (tools/record_goldens.py on a GPU)")
+    kinds = {meta["kv"] for *_, meta in SPARSE_034}
+    assert kinds == {"e4m3", "bytes", "bf16"}
+    assert all(meta["k_scale"] != 1 and meta["v_scale"] != 1 for *_, meta in SPARSE_034)
+    assert {meta["config"][3] for *_, meta in SPARSE_034 if meta["shape"][0]} >= {1, 8}
+
+
+@pytest.mark.parametrize("impl", _impls("sparse_attention"))
+@pytest.mark.parametrize("case,expected,meta", SPARSE_034, ids=[m["name"] for *_, m in SPARSE_034])
+def test_sparse_attention_golden_v034(case, expected, meta, impl):
+    """vLLM 0.34.0's outputs -- e4m3 caches, their uint8 bytes, bf16 with scales -- under the
+    fidelity contract, each implementation run with the tiling 0.34.0 chose on the recording
+    card (its table depends on the GPU) and the recorded scales."""
+    got = qsa_jax.sparse_attention(
+        case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
+        case.output_gate, use_prefill_config=case.use_prefill_config, config=tuple(meta["config"]),
+        implementation=impl, k_scale=meta["k_scale"], v_scale=meta["v_scale"])
+    assert_fidelity(np.asarray(got), expected, what=f"{impl}/{meta['name']}")
+
+
+@pytest.mark.parametrize("case,expected,meta", SPARSE_034, ids=[m["name"] for *_, m in SPARSE_034])
+def test_oracle_matches_v034_golden(case, expected, meta):
+    """The float64 oracle's 0.34.0 semantics (fp8 dequantisation, fp16 probabilities, scales)
+    agree with 0.34.0's own outputs."""
+    block_n, _, tiles, splits = meta["config"]
+    k, v = case.split_caches()
+    ref = oracle.sparse_attention_oracle(
+        case.q, k, v, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        block_n=block_n, num_tiles=tiles, num_splits=splits, k_scale=meta["k_scale"],
+        v_scale=meta["v_scale"])
+    assert_fidelity(ref, expected, what=f"oracle/{meta['name']}")
+
+
 # ---------------------------------------------------------------------------------
 # Accuracy against exact attention, and checks of the checks
 

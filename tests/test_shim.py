@@ -180,6 +180,40 @@ def orig():
     return originals.load_or_skip()
 
 
+@pytest.fixture
+def tiling_030():
+    """The shim on vLLM 0.30.0's tiling (any GPU), for fidelity against 0.30.0's originals."""
+    S.set_tiling_table("vllm-0.30")
+    yield
+    S.set_tiling_table(None)
+
+
+def test_set_tiling_table_reaches_the_jax_call(monkeypatch):
+    """The table set on the shim is what the jitted call receives (as its static ``table``)."""
+    from qsa_torch_shim import _jax_side as J
+
+    seen = []
+    real = J.sparse_new
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("table"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(J, "sparse_new", spy)
+    case = C.sparse_attention_case(np.random.default_rng(), rows=2, num_query_heads=4, num_kv_heads=2,
+                                   head_dim=16, page_size=8, selection_blocks=4, context_tokens=32)
+    _, a, gate = _sparse_args(case)
+    try:
+        for table in ("vllm-0.30", None, "vllm-0.34"):
+            S.set_tiling_table(table)
+            _call_sparse(S.qsa_sparse_paged_attention, a, gate)
+    finally:
+        S.set_tiling_table(None)
+    assert seen == ["vllm-0.30", None, "vllm-0.34"]
+    with pytest.raises(ValueError, match="table"):
+        S.set_tiling_table("gb300")
+
+
 @pytest.fixture(scope="module", params=["0.30.0", "0.34.0"])
 def versioned(request):
     """(vLLM ``version``'s originals, the shim surface ``install()`` puts beside that version)."""
@@ -574,7 +608,7 @@ def gpu_pool(request):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 16, 64, 512, 2049])
-def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows):
+def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows, tiling_030):
     g, kv = gpu_pool
     a, gate = _gpu_case(g, rows, rows + g.num_query_heads, kv)
     flags = (False, True) if rows * g.num_kv_heads > 2048 else (False,)
@@ -589,7 +623,7 @@ def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 64, 2049])
-def test_gpu_strided_q_matches_original_without_copy(orig, gpu_pool, rows, monkeypatch):
+def test_gpu_strided_q_matches_original_without_copy(orig, gpu_pool, rows, monkeypatch, tiling_030):
     """vLLM's q (a view of the fused qkv, other columns NaN) through the identical call:
     same result as the originals, no copy (ShimCopyWarning is an error), qkv imported."""
     g, kv = gpu_pool

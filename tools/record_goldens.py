@@ -75,6 +75,27 @@ def sparse_golden_cases() -> list[C.SparseAttentionCase]:
     return out
 
 
+# vLLM 0.34.0's goldens: a subset of the cases above (every split regime of its tables,
+# D = 256, the degenerate rows, the empty batch), each with the cache stored as e4m3
+# ("e4m3": the float8_e4m3fn view vLLM hands over from sm_89 on), as its bytes ("bytes":
+# the uint8 storage, which 0.34.0 decodes in registers) and as bf16 with scales ("bf16":
+# 0.34.0 ignores the scales there but normalises its own way). Scales other than 1 so a
+# dropped or swapped scale shows.
+V034_CASES = ("tp1_r3_s64_full", "tp2_r12_s64", "tp4_r40_s8", "tp1_r65_s8", "tp4_r8_w131_d256",
+              "edge_tp1_r12_w35", "edge_tp1_r30_w2051", "empty_batch")
+V034_KINDS = ("e4m3", "bytes", "bf16")
+V034_SCALES = (0.5, 2.0)
+
+
+def v034_cache(case: C.SparseAttentionCase, kind: str) -> np.ndarray:
+    """The case's fused cache in ``kind``'s storage (the e4m3 rounding of its bf16 values;
+    the poison's large K and NaN V survive it)."""
+    if kind == "bf16":
+        return case.kv_cache
+    e4m3 = case.kv_cache.astype(np.float32).astype(C.E4M3)
+    return e4m3.view(np.uint8) if kind == "bytes" else e4m3
+
+
 def compress_golden_cases() -> list[C.CompressCase]:
     rng = np.random.default_rng(7)
     out = []
@@ -108,17 +129,17 @@ def store_golden_cases() -> list[C.StoreCase]:
 # ------------------------------------------------------------------------------
 
 
-def run_original_sparse(orig, case: C.SparseAttentionCase, device="cuda"):
+def run_original_sparse(orig, case: C.SparseAttentionCase, device="cuda", kv_cache=None, scales=()):
     import torch
 
-    kv = _torch(case.kv_cache, device)
+    kv = _torch(case.kv_cache if kv_cache is None else kv_cache, device)
     d = case.head_dim
     k_cache, v_cache = kv.transpose(1, 2).split(d, dim=-1)  # vLLM's strided views
     out = torch.full_like(_torch(case.q, device), float("nan"))  # poison: every element must be written
     res = orig.qsa_sparse_paged_attention(
         _torch(case.q, device), k_cache, v_cache, _torch(case.logical_indices, device),
         _torch(case.block_table, device), _torch(case.token_to_req, device),
-        case.use_prefill_config, out, output_gate=_torch(case.output_gate, device))
+        case.use_prefill_config, out, *scales, output_gate=_torch(case.output_gate, device))
     torch.cuda.synchronize()
     return _numpy(res)
 
@@ -192,6 +213,31 @@ def main():
                                              "width": case.selection_width})
         print(f"sparse {case.name:32s} q={case.q.shape} W={case.selection_width} cfg={tuple(cfg)}")
     np.savez_compressed(out / "sparse_attention.npz", **data)
+
+    orig034 = originals.load("0.34.0")
+    manifest["environment"]["originals_v034"] = "vllm==0.34.0 vllm/models/qwen4_exp/nvidia/ops/qsa.py"
+    manifest["sparse_attention_v034"] = []
+    data = {}
+    by_name = {case.name: case for case in sparse_golden_cases()}
+    for base_name in V034_CASES:
+        case = by_name[base_name]
+        for kind in V034_KINDS:
+            name = f"{base_name}_{kind}"
+            cache = v034_cache(case, kind)
+            res = run_original_sparse(orig034, case, kv_cache=cache, scales=V034_SCALES)
+            assert not np.isnan(res.astype(np.float32)).any(), f"{name}: NaN in 0.34.0's output"
+            # The tiling 0.34.0 chose on this card (its table depends on the capability).
+            cfg = orig034._select_config(case.q.shape[0], case.num_kv_heads, case.use_prefill_config,
+                                         case.selection_width, kind != "bf16")
+            arrays = {**case.arrays(), "expected_out": res}
+            arrays["kv_cache"] = cache.view(np.uint8) if kind == "e4m3" else cache
+            _pack(name, arrays, data)
+            data[f"{name}/use_prefill_config"] = np.array(case.use_prefill_config)
+            manifest["sparse_attention_v034"].append(
+                {"name": name, "kv": kind, "k_scale": V034_SCALES[0], "v_scale": V034_SCALES[1],
+                 "config": [int(x) for x in cfg], "shape": list(case.q.shape), "width": case.selection_width})
+            print(f"sparse 0.34 {name:36s} q={case.q.shape} cfg={tuple(cfg)}")
+    np.savez_compressed(out / "sparse_attention_v034.npz", **data)
 
     data = {}
     for case in compress_golden_cases():

@@ -200,7 +200,12 @@ def main() -> int:
     # vLLM imports the ops by module name: make that name the originals first.
     sys.modules[MODULE] = orig
     before = importlib.import_module(MODULE)
+    import qsa_torch_shim
     from qsa_torch_shim import _jax_side
+
+    # Compared element by element with the originals: run the shim on their version's
+    # tiling (its default on a GPU with a measured table is another, equally accurate one).
+    qsa_torch_shim.set_tiling_table("vllm-" + args.vllm.rsplit(".", 1)[0])
 
     fp8 = args.vllm != "0.30.0" and _jax_side.SUPPORTS_SCALES
     if args.vllm != "0.30.0" and not fp8:
