@@ -470,7 +470,7 @@ def run_sparse_geometry(ctx, geo, rows_list, flags_for, impls, seed, emit, *, kv
                     ref = sparse_attention_oracle(
                         np.asarray(inp.q), oracle_kv[0], oracle_kv[1], np.asarray(inp.idx[0]),
                         np.asarray(inp.block_table), np.asarray(inp.token_to_req), np.asarray(inp.gate),
-                        block_n=cfg.block_n, num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
+                        block_n=cfg.block_n, num_tiles=cfg.num_tiles, num_splits=cfg.num_splits, **scales)
                     ref_name = "float64 oracle"
                 t_pre = time.perf_counter()
                 pre = _prepare_jax(ctx, impls, functools.partial(_sparse_jax_fns, ctx, kv, inp, flag, scales=scales))

@@ -12,6 +12,8 @@ def to_torch(x: np.ndarray, device="cuda"):
 
     if x.dtype == C.BF16:
         src = torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
+    elif x.dtype == C.E4M3:  # NumPy has no fp8: carry the bytes
+        src = torch.from_numpy(np.ascontiguousarray(x).view(np.uint8)).view(torch.float8_e4m3fn)
     else:
         src = torch.from_numpy(np.ascontiguousarray(x))
     # A fresh tensor has canonical strides even when empty (the originals

@@ -508,7 +508,7 @@ def _exact_rows(case, k_pages, v_pages, rows, k_scale, v_scale):
     times sigmoid(gate), over the dequantised cache; no intermediate rounding."""
     w = case.selection_width
     d = case.head_dim
-    hk = k_pages.shape[1]
+    hk = case.num_kv_heads
     g = case.q.shape[1] // hk
     out = np.zeros((len(rows), case.q.shape[1], d))
     for i, r in enumerate(rows):
@@ -616,3 +616,22 @@ def test_gpu_fp8_parity(tp, fmt):
 
 if __name__ == "__main__":
     raise SystemExit(_interpret_034_main())
+
+
+def test_host_scales_first_seen_inside_a_jit_do_not_leak():
+    """Host-float scales met for the first time inside a caller's jax.jit (the benchmark's
+    N-call chains do this) must not cache a tracer: the same scales used eagerly afterwards
+    (and in a second jit) give the same result. Scale values no other test uses, so the
+    cache entry is created inside the trace here."""
+    import jax
+    import jax.numpy as jnp
+
+    case = _case(seed=5)
+    kv = jnp.asarray(_fp8(case.kv_cache))
+    scales = dict(k_scale=0.3125, v_scale=1.625)
+    args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
+    inside = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation="xla", **scales))(*args)
+    eager = qsa_jax.sparse_attention(*args, implementation="xla", **scales)
+    again = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation="xla", **scales))(*args)
+    np.testing.assert_array_equal(np.asarray(inside).view(np.uint16), np.asarray(eager).view(np.uint16))
+    np.testing.assert_array_equal(np.asarray(again).view(np.uint16), np.asarray(eager).view(np.uint16))

@@ -214,6 +214,25 @@ def main():
         print(f"sparse {case.name:32s} q={case.q.shape} W={case.selection_width} cfg={tuple(cfg)}")
     np.savez_compressed(out / "sparse_attention.npz", **data)
 
+
+    data = {}
+    for case in compress_golden_cases():
+        pooled, first = run_original_compress(orig, case)
+        _pack(case.name, {**case.arrays(), "expected_pooled": pooled, "expected_first": first}, data)
+        data[f"{case.name}/compress_ratio"] = np.array(case.compress_ratio)
+        manifest["compress_groups"].append({"name": case.name, "rows": int(case.raw_keys.shape[0])})
+        print(f"compress {case.name:24s} rows={case.raw_keys.shape[0]}")
+    np.savez_compressed(out / "compress_groups.npz", **data)
+
+    data = {}
+    for case in store_golden_cases():
+        res = run_original_store(orig, case)
+        _pack(case.name, {**case.arrays(), "expected_cache": res}, data)
+        manifest["store_cache_rows"].append({"name": case.name, "rows": int(case.slot_mapping.size)})
+        print(f"store {case.name:24s} n={case.slot_mapping.size}")
+    np.savez_compressed(out / "store_cache_rows.npz", **data)
+
+    # vLLM 0.34.0 last: its files join the 0.30.0 set (compress/store are unchanged in 0.34).
     orig034 = originals.load("0.34.0")
     manifest["environment"]["originals_v034"] = "vllm==0.34.0 vllm/models/qwen4_exp/nvidia/ops/qsa.py"
     manifest["sparse_attention_v034"] = []
@@ -238,24 +257,6 @@ def main():
                  "config": [int(x) for x in cfg], "shape": list(case.q.shape), "width": case.selection_width})
             print(f"sparse 0.34 {name:36s} q={case.q.shape} cfg={tuple(cfg)}")
     np.savez_compressed(out / "sparse_attention_v034.npz", **data)
-
-    data = {}
-    for case in compress_golden_cases():
-        pooled, first = run_original_compress(orig, case)
-        _pack(case.name, {**case.arrays(), "expected_pooled": pooled, "expected_first": first}, data)
-        data[f"{case.name}/compress_ratio"] = np.array(case.compress_ratio)
-        manifest["compress_groups"].append({"name": case.name, "rows": int(case.raw_keys.shape[0])})
-        print(f"compress {case.name:24s} rows={case.raw_keys.shape[0]}")
-    np.savez_compressed(out / "compress_groups.npz", **data)
-
-    data = {}
-    for case in store_golden_cases():
-        res = run_original_store(orig, case)
-        _pack(case.name, {**case.arrays(), "expected_cache": res}, data)
-        manifest["store_cache_rows"].append({"name": case.name, "rows": int(case.slot_mapping.size)})
-        print(f"store {case.name:24s} n={case.slot_mapping.size}")
-    np.savez_compressed(out / "store_cache_rows.npz", **data)
-
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     for f in sorted(out.iterdir()):
         print(f"{f.name}: {f.stat().st_size / 1e6:.2f} MB")

@@ -398,7 +398,10 @@ def score_scale(head_dim: int, k_scale: float) -> float:
 def _scale_pair(head_dim: int, k_scale: float, v_scale: float) -> jax.Array:
     # One device array per distinct (D, k_scale, v_scale): a layer's scales are constant,
     # so a call costs a dictionary lookup, not fp32 arithmetic and a host-to-device copy.
-    return jnp.asarray(np.array([score_scale(head_dim, k_scale), v_scale], np.float32))
+    # Made concrete even when the first call comes from inside a caller's jit: a cached
+    # tracer would leak out of that trace into every later call.
+    with jax.ensure_compile_time_eval():
+        return jnp.asarray(np.array([score_scale(head_dim, k_scale), v_scale], np.float32))
 
 
 def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
