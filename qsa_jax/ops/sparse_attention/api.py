@@ -8,6 +8,7 @@ from typing import Sequence
 import jax
 
 from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.sparse_attention.base import (
     SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table)
@@ -25,11 +26,12 @@ def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
     return problem, _REGISTRY.choose(implementation)
 
 
-@functools.partial(jax.jit, static_argnames=("problem", "implementation"))
+@functools.partial(jax.jit, static_argnames=("problem", "implementation", "use_prefill_config"))
 def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
-         problem: SparseAttentionProblem, implementation: str):
-    return _REGISTRY.run(implementation)(problem, q, kv_arrays, logical_indices, block_table,
-                                    token_to_req, output_gate)
+         problem: SparseAttentionProblem, implementation: str, use_prefill_config: bool = False):
+    # On a mesh: one call per shard (qsa_jax/ops/_sharding.py); otherwise the plain call.
+    return _sharding.sparse_attention(_REGISTRY.run(implementation), problem, use_prefill_config, q,
+                                      kv_arrays, logical_indices, block_table, token_to_req, output_gate)
 
 
 def sparse_attention(
@@ -69,5 +71,6 @@ def sparse_attention(
                           config=None if config is None else tuple(config),
                           implementation=implementation)
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
-    return _run(query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                problem=problem, implementation=name)
+    arrays = (query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+    _sharding.check_sparse_attention(problem, *arrays)
+    return _run(*arrays, problem=problem, implementation=name, use_prefill_config=bool(use_prefill_config))
