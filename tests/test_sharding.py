@@ -1,0 +1,60 @@
+"""The operators on a device mesh (qsa_jax/ops/_sharding.py).
+
+The checks need 8 devices; forcing host devices is a process-wide XLA flag,
+so they run in one subprocess (qsa_testing/sharding_checks.py) and the rest of
+the suite keeps its single device. Each supported layout at 2, 4 and 8 devices
+must be bit-identical to the one-device call with the shard's tiling and
+compile to a program without collectives; each unsupported layout must raise
+naming the argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _forced_devices_env():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def results():
+    proc = subprocess.run([sys.executable, "-m", "qsa_testing.sharding_checks", "--pallas"], cwd=ROOT,
+                          env=_forced_devices_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_case_passes(results):
+    failed = {r["name"]: r["problem"] for r in results if r["problem"]}
+    assert not failed, json.dumps(failed, indent=1)
+
+
+@pytest.mark.parametrize("prefix", [
+    *(f"sparse_attention/xla/{n}dev/" for n in (2, 4, 8)),
+    *(f"compress/xla/{n}dev/" for n in (2, 4, 8)),
+    *(f"store/xla/{n}dev/" for n in (2, 4, 8)),
+    "sparse_attention/pallas/", "compress/pallas/", "store/pallas/", "bad/",
+])
+def test_layouts_covered(results, prefix):
+    assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"
+
+
+def test_all_supported_attention_layouts_ran(results):
+    names = {r["name"] for r in results}
+    for layout in ("heads", "rows", "rows2xheads2", "rows4xheads2", "rows2xheads4"):
+        assert any(f"/{layout}/" in n for n in names), layout
+    assert any(n.endswith("/explicit") for n in names)
+    assert any("/split" in n for n in names) and any("/fused" in n for n in names)
