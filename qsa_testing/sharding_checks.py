@@ -217,12 +217,22 @@ def bad_layout_checks(results):
             results.append({"name": name, "problem": problem})
 
 
+def control_check(results):
+    """The collective search itself: a program that must all-reduce is caught."""
+    mesh = make_mesh((8,), ("data",))
+    x = put(mesh, np.arange(64, dtype=np.float32), "data")
+    found = collectives_in(jax.jit(jnp.sum), x)
+    results.append({"name": "control/sharded sum shows a collective",
+                    "problem": None if found else "the collective search missed an all-reduce"})
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if jax.device_count() < 8:
         print(json.dumps([{"name": "setup", "problem": f"needs 8 devices, has {jax.device_count()}"}]))
         return 1
     results: list[dict] = []
+    control_check(results)
     for n in (2, 4, 8):
         attention_checks(n, "xla", results)
         compress_checks(n, "xla", results)
