@@ -109,9 +109,11 @@ def _attention_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, i
         kv = qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv_ref), repeats) if repeats > 1 else kv_ref
         kv = (put(mesh, kv, None, heads_ax) if fused
               else tuple(put(mesh, x, None, None, heads_ax) for x in kv))
+        # One layout takes the gate as [R, H * D] (vLLM's flat gate), split like q's heads.
+        gate = case.output_gate.reshape(ROWS, -1) if "/4dev/rows2xheads2/" in name else case.output_gate
         args = (put(mesh, case.q, rows_ax, heads_ax), kv, put(mesh, case.logical_indices, rows_ax),
                 put(mesh, case.block_table), put(mesh, case.token_to_req, rows_ax),
-                put(mesh, case.output_gate, rows_ax, heads_ax))
+                put(mesh, gate, rows_ax, heads_ax))
         jitted = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation=implementation))
         problem = compare(name, jitted(*args), want, jitted, args)
         if problem is None and not explicit:  # the eager call goes the same way
@@ -200,6 +202,12 @@ def bad_layout_checks(results):
                                  put(mesh, sc.slot_mapping, "data"), put(mesh, sc.rows, "data")), "slot_mapping")
     cases["store cache whole, rows split"] = (qsa_jax.store_cache_rows, (put(mesh, sc.cache),
                                               put(mesh, sc.slot_mapping), put(mesh, sc.rows, "data")), "rows")
+    explicit = make_mesh((2, 4), ("data", "model"), explicit=True)
+    cases["explicit mesh: heads split, KV heads whole"] = (
+        qsa_jax.sparse_attention, (put(explicit, case.q, None, "model"), put(explicit, case.kv_cache),
+                                   *(put(explicit, getattr(case, k)) for k in
+                                     ("logical_indices", "block_table", "token_to_req")),
+                                   put(explicit, case.output_gate, None, "model")), "kv_cache")
     for label, (fn, args, argname) in cases.items():
         for how in ("eager", "jit"):
             name = f"bad/{label}/{how}"
