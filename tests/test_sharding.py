@@ -74,3 +74,32 @@ def test_multi_gpu_script_on_forced_cpu_devices(tmp_path):
     assert {r["op"] for r in ran} == {"sparse_attention", "compress_groups_with_ratio", "store_cache_rows"}
     assert all(r["bit_identical"] and not r["collectives"] for r in ran)
     assert (tmp_path / "multi_gpu.md").read_text().startswith("# Sharded operators on 4")
+
+
+def test_a_shard_takes_the_tiling_of_its_own_shape():
+    """Per shard: rows, heads, KV heads and the tiling come from the shard's shapes (prefill flag
+    included); an explicit config= stays as given. Runs the per-shard step on stand-ins."""
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.config import select_config
+    from qsa_jax.ops import _sharding
+    from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+
+    def arrays(rows, heads, kv_heads):
+        s = jax.ShapeDtypeStruct
+        return (s((rows, heads, 256), jnp.bfloat16), (s((40, kv_heads, 1600, 512), jnp.bfloat16),),
+                s((rows, 2052), jnp.int32), s((8, 6), jnp.int32), s((rows,), jnp.int32),
+                s((rows, heads, 256), jnp.bfloat16))
+
+    local = arrays(4096, 12, 1)
+    assert select_config(4096, 1, True, 2051) != select_config(4096, 1, False, 2051)
+    for explicit in (None, (64, 4, 8, 2)):
+        q, (kv,), *rest = arrays(8192, 24, 2)
+        problem = check_sparse_attention_args(q, kv, *rest, use_prefill_config=True, config=explicit)
+        seen = []
+        _sharding._attention_local((lambda p, *a: seen.append(p), problem, True),
+                                   {"rows": ("data",), "heads": ("model",), "kv_heads": ("model",)}, *local)
+        (p,) = seen
+        assert (p.num_rows, p.num_query_heads, p.kv.num_kv_heads) == (4096, 12, 1)
+        assert tuple(p.config) == (tuple(explicit) if explicit else tuple(select_config(4096, 1, True, 2051)))

@@ -17,14 +17,18 @@ wrapper could only see the layout of eager calls; custom_partitioning sees the
 layout in both cases. Users who already work inside a ``shard_map`` need
 nothing: there the operators see local arrays and run as on one device.
 
+On meshes with ``Explicit`` axes (``jax.make_mesh``'s default) the shardings
+are part of the types: the layout is checked at trace time and the shards run
+under ``jax.shard_map`` with exactly those specs.
+
 Layouts are described per argument dimension by a *role*: ``ROWS`` (tokens,
-sharded for data parallelism), ``HEADS`` (query heads), ``KV_HEADS``,
-``PAGES`` (cache pages) or ``None`` (must not be sharded). Every dimension of
-one role must be sharded over the same mesh axes, and each operator says which
-roles may be sharded at all. Anything else raises ``MeshLayoutError`` naming
-the argument and its sharding: for eager calls before anything is traced
-(``check_layout``), under ``jax.jit`` when XLA partitions the program (the
-shardings exist only then).
+split for data parallelism), ``HEADS`` (query heads), ``KV_HEADS``, ``PAGES``
+(cache pages) or a descriptive name of a dimension that must stay whole. Every
+dimension of one role must be split over the same mesh axes, and each operator
+says which roles may be split at all. Anything else raises ``MeshLayoutError``
+naming the argument, its shape and sharding: for eager calls and Explicit
+meshes before anything is traced; under ``jax.jit`` on Auto axes when XLA
+partitions the program (the shardings exist only then).
 """
 
 from __future__ import annotations
@@ -37,16 +41,16 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from qsa_jax.config import select_config
 
 ROWS, HEADS, KV_HEADS, PAGES = "rows", "heads", "kv_heads", "pages"
+_Tracer = jax.core.Tracer  # looked up once: jax.core's attribute access is slow on the eager path
 
 
 class MeshLayoutError(ValueError):
     """The arguments' shardings are not a layout the operator can run per shard."""
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,12 +202,24 @@ def run(layout: Layout, local: Callable, static, *arrays):
                          out_specs=outs if len(outs) > 1 else outs[0], check_vma=False)(*arrays)
 
 
+def maybe_on_mesh(first) -> bool:
+    """Whether an eager call whose first array is ``first`` may be on a mesh.
+
+    A tracer (inside the caller's jit: partitioning checks it), a host array or
+    a one-device array says no (one jitted call cannot mix it with arrays on a
+    mesh), so the common one-device call pays this one test.
+    """
+    # Exact type tests first: isinstance against jax.Array costs ~0.5 µs per call.
+    sharding = getattr(first, "sharding", None)  # None for tracers and host arrays
+    return sharding is not None and type(sharding) is not SingleDeviceSharding and not isinstance(first, _Tracer)
+
+
 def check_layout(layout: Layout, *arrays) -> None:
     """Eager calls: check concrete arrays' shardings before anything is traced."""
     leaves = jax.tree.leaves(arrays)
     shardings = [getattr(x, "sharding", None) for x in leaves]
     meshes = [s.mesh for s in shardings if isinstance(s, NamedSharding) and s.mesh.size > 1]
-    if meshes and not any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if meshes and not any(isinstance(x, _Tracer) for x in leaves):
         resolve(layout, [x.shape for x in leaves], shardings, dict(meshes[0].shape))
 
 
@@ -259,8 +275,9 @@ def sparse_attention(run_impl, problem, use_prefill_config: bool, q, kv_arrays, 
 
 
 def check_sparse_attention(problem, q, kv_arrays, *rest) -> None:
-    check_layout(attention_layout(problem.kv.fused, rest[-1].ndim, problem.q_layout is not None),
-                 q, tuple(kv_arrays), *rest)
+    if maybe_on_mesh(q):
+        check_layout(attention_layout(problem.kv.fused, rest[-1].ndim, problem.q_layout is not None),
+                     q, tuple(kv_arrays), *rest)
 
 
 def repeat_kv_heads(kv, repeats: int):
@@ -349,7 +366,8 @@ def compress_groups(run_impl, problem, *arrays):
 
 
 def check_compress_groups(problem, *arrays) -> None:
-    check_layout(compress_layout(problem.with_rope), *_compress_arrays(arrays))
+    if maybe_on_mesh(arrays[0]):
+        check_layout(compress_layout(problem.with_rope), *_compress_arrays(arrays))
 
 
 # --- store_cache_rows ------------------------------------------------------
@@ -389,4 +407,5 @@ def store_cache_rows(run_impl, problem, cache, slot_mapping, rows):
 
 
 def check_store_cache_rows(cache, slot_mapping, rows) -> None:
-    check_layout(store_layout(rows.ndim), cache, slot_mapping, rows)
+    if maybe_on_mesh(cache):
+        check_layout(store_layout(rows.ndim), cache, slot_mapping, rows)
