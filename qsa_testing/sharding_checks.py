@@ -134,10 +134,13 @@ def compress_checks(n, implementation, results):
              "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")
     want = qsa_jax.compress_groups_with_ratio(*(a[k] for k in order), case.compress_ratio, a["rope_cache"],
                                               implementation=implementation)
-    for shape, names in (((n,), ("data",)), ((n // 2, 2), ("data", "model"))):
-        name = f"compress/{implementation}/{n}dev/rows{shape[0]}" + ("" if len(shape) == 1 else "-of-2d")
+    layouts = [((n,), ("data",), False), ((n // 2, 2), ("data", "model"), False)]
+    layouts += [((n,), ("data",), True)] if n == 4 else []
+    for shape, names, explicit in layouts:
+        name = (f"compress/{implementation}/{n}dev/rows{shape[0]}" + ("" if len(shape) == 1 else "-of-2d")
+                + ("/explicit" if explicit else ""))
         try:
-            mesh = make_mesh(shape, names)
+            mesh = make_mesh(shape, names, explicit)
             per_row = {"token_to_req", "logical_positions", "compressed_slots"}
             args = [put(mesh, a[k], "data" if k in per_row else None) for k in order] + [put(mesh, a["rope_cache"])]
 
@@ -153,13 +156,22 @@ def compress_checks(n, implementation, results):
 def store_checks(n, implementation, results):
     case = store_case(np.random.default_rng(200 + n), n=24, pages=16, page_size=4, width=24)
     want = qsa_jax.store_cache_rows(case.cache, case.slot_mapping, case.rows, implementation=implementation)
-    for pages_ax, shape, names in (("pages", (n,), ("pages",)), (None, (n,), ("data",))):
-        name = f"store/{implementation}/{n}dev/" + ("pages-split" if pages_ax else "replicated")
+    layouts = [("pages", (n,), ("pages",), False), (None, (n,), ("data",), False)]
+    layouts += [("pages", (n,), ("pages",), True)] if n == 4 else []
+    for pages_ax, shape, names, explicit in layouts:
+        name = (f"store/{implementation}/{n}dev/" + ("pages-split" if pages_ax else "replicated")
+                + ("/explicit" if explicit else ""))
         try:
-            mesh = make_mesh(shape, names)
+            mesh = make_mesh(shape, names, explicit)
             args = (put(mesh, case.cache, pages_ax), put(mesh, case.slot_mapping), put(mesh, case.rows))
             jitted = jax.jit(lambda *x: qsa_jax.store_cache_rows(*x, implementation=implementation))
-            results.append({"name": name, "problem": compare(name, jitted(*args), want, jitted, args)})
+            problem = compare(name, jitted(*args), want, jitted, args)
+            if problem is None and pages_ax and not explicit:  # eager, the cache donated (in place)
+                fresh = (put(mesh, case.cache, pages_ax),) + args[1:]
+                donated = qsa_jax.store_cache_rows(*fresh, donate=True, implementation=implementation)
+                eager = compare(name, donated, want, jitted, args)
+                problem = eager and "eager donated call: " + eager
+            results.append({"name": name, "problem": problem})
         except Exception:  # noqa: BLE001
             results.append({"name": name, "problem": traceback.format_exc(limit=4)})
 

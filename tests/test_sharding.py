@@ -56,7 +56,8 @@ def test_all_supported_attention_layouts_ran(results):
     names = {r["name"] for r in results}
     for layout in ("heads", "rows", "rows2xheads2", "rows4xheads2", "rows2xheads4"):
         assert any(f"/{layout}/" in n for n in names), layout
-    assert any(n.endswith("/explicit") for n in names)
+    assert {"compress/xla/4dev/rows4/explicit", "store/xla/4dev/pages-split/explicit"} <= names
+    assert any(n.startswith("sparse_attention/") and n.endswith("/explicit") for n in names)
     assert any("/split" in n for n in names) and any("/fused" in n for n in names)
 
 
