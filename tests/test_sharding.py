@@ -99,7 +99,7 @@ def test_a_shard_takes_the_tiling_of_its_own_shape():
         q, (kv,), *rest = arrays(8192, 24, 2)
         problem = check_sparse_attention_args(q, kv, *rest, use_prefill_config=True, config=explicit)
         seen = []
-        _sharding._attention_local((lambda p, *a: seen.append(p), problem, True),
+        _sharding._attention_local((lambda p, *a: seen.append(p), problem),
                                    {"rows": ("data",), "heads": ("model",), "kv_heads": ("model",)}, *local)
         (p,) = seen
         assert (p.num_rows, p.num_query_heads, p.kv.num_kv_heads) == (4096, 12, 1)

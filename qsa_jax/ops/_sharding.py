@@ -255,7 +255,7 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool) -> Layout:
 
 def _attention_local(static, axes, q, kv_arrays, logical_indices, block_table, token_to_req,
                      output_gate):
-    run_impl, problem, use_prefill_config = static
+    run_impl, problem = static
     if axes:
         # The shard is a smaller problem of its own; its tiling comes from its
         # own rows x KV heads (as on one GPU of that tensor-parallel size)
@@ -263,15 +263,15 @@ def _attention_local(static, axes, q, kv_arrays, logical_indices, block_table, t
         rows, heads = q.shape[0], q.shape[1]
         kv = dataclasses.replace(problem.kv, num_kv_heads=kv_arrays[0].shape[1 if problem.kv.fused else 2])
         config = problem.config if problem.config_explicit else select_config(
-            rows, kv.num_kv_heads, use_prefill_config, problem.selection_width)
+            rows, kv.num_kv_heads, problem.prefill_tiling, problem.selection_width)
         problem = dataclasses.replace(problem, num_rows=rows, num_query_heads=heads, kv=kv, config=config)
     return run_impl(problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
 
 
-def sparse_attention(run_impl, problem, use_prefill_config: bool, q, kv_arrays, *rest):
-    """The sparse_attention implementation ``run_impl``, per shard on a mesh."""
+def sparse_attention(run_impl, problem, q, kv_arrays, *rest):
+    """``run_impl(problem, q, kv_arrays, *rest)`` (an implementation's ``run``), per shard on a mesh."""
     layout = attention_layout(problem.kv.fused, rest[-1].ndim, problem.q_layout is not None)
-    return run(layout, _attention_local, (run_impl, problem, use_prefill_config), q, tuple(kv_arrays), *rest)
+    return run(layout, _attention_local, (run_impl, problem), q, tuple(kv_arrays), *rest)
 
 
 def check_sparse_attention(problem, q, kv_arrays, *rest) -> None:

@@ -26,12 +26,12 @@ def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
     return problem, _REGISTRY.choose(implementation)
 
 
-@functools.partial(jax.jit, static_argnames=("problem", "implementation", "use_prefill_config"))
+@functools.partial(jax.jit, static_argnames=("problem", "implementation"))
 def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
-         problem: SparseAttentionProblem, implementation: str, use_prefill_config: bool = False):
+         problem: SparseAttentionProblem, implementation: str):
     # On a mesh: one call per shard (qsa_jax/ops/_sharding.py); otherwise the plain call.
-    return _sharding.sparse_attention(_REGISTRY.run(implementation), problem, use_prefill_config, q,
-                                      kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+    return _sharding.sparse_attention(_REGISTRY.run(implementation), problem, q, kv_arrays,
+                                      logical_indices, block_table, token_to_req, output_gate)
 
 
 def sparse_attention(
@@ -73,4 +73,4 @@ def sparse_attention(
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
     arrays = (query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate)
     _sharding.check_sparse_attention(problem, *arrays)
-    return _run(*arrays, problem=problem, implementation=name, use_prefill_config=bool(use_prefill_config))
+    return _run(*arrays, problem=problem, implementation=name)

@@ -226,6 +226,9 @@ class SparseAttentionProblem:
     config_explicit: bool = False
     # Rows of q in the query table (``query_table``); compact q when None.
     q_layout: QueryLayout | None = None
+    # use_prefill_config, kept only where it changed the tiling: a shard on a
+    # mesh picks its own tiling from its own shape with it (ops/_sharding.py).
+    prefill_tiling: bool = False
 
     @property
     def queries(self) -> QueryLayout:
@@ -304,8 +307,10 @@ def check_sparse_attention_args(
             raise ValueError(f"config.num_tiles must be >= 1; got {cfg.num_tiles}")
         if not 1 <= cfg.num_splits <= cfg.num_tiles:
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
+    prefill_tiling = config is None and cfg != select_config(rows, cache.num_kv_heads, False, width)
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
-                                  config_explicit=config is not None, q_layout=q_layout)
+                                  config_explicit=config is not None, q_layout=q_layout,
+                                  prefill_tiling=prefill_tiling)
 
 
 def entry_rows(problem: SparseAttentionProblem, tokens, block_table, token_to_req):
