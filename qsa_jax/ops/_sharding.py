@@ -230,6 +230,10 @@ _KV_WHY = ("each device must hold the KV heads its query heads read: split q's a
            "repeat each KV head (qsa_jax.repeat_kv_heads) so that every shard holds its own copy")
 
 
+_STRIDED_WHY = ("a StridedQuery is addressed by row and head inside its whole table; pass a compact q "
+                "to split rows or heads")
+
+
 @functools.lru_cache(maxsize=256)
 def attention_layout(fused: bool, gate_ndim: int, strided_q: bool) -> Layout:
     q = ("strided_q_rows", "head_dim") if strided_q else (ROWS, HEADS, "head_dim")
@@ -244,13 +248,13 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool) -> Layout:
         "sparse_attention", args, ((ROWS, HEADS, "head_dim"),),
         frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS}),
         ties=((HEADS, KV_HEADS, _KV_WHY),),
-        why=(("q", "a StridedQuery is addressed by row and head inside its table; pass a compact q "
-                   "to split rows or heads"),
+        why=(("q", _STRIDED_WHY),
              ("pages", "the block table names pages of the whole cache, so every device needs every "
                        "page a row may read (independent per-device caches: call the operator inside "
                        "jax.shard_map)"),
              ("requests", "every row may belong to any request"),
-             (KV_HEADS, _KV_WHY)))
+             (KV_HEADS, _KV_WHY))
+        + ((ROWS, _STRIDED_WHY), (HEADS, _STRIDED_WHY)) * strided_q)
 
 
 def _attention_local(static, axes, q, kv_arrays, logical_indices, block_table, token_to_req,
@@ -268,16 +272,21 @@ def _attention_local(static, axes, q, kv_arrays, logical_indices, block_table, t
     return run_impl(problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
 
 
+def _attention_layout_of(problem, q, gate) -> Layout:
+    # q arrives as the query table: 2-D [N, D] for a StridedQuery (even one
+    # whose table is exactly a compact q), 3-D [R, H, D] otherwise.
+    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2)
+
+
 def sparse_attention(run_impl, problem, q, kv_arrays, *rest):
     """``run_impl(problem, q, kv_arrays, *rest)`` (an implementation's ``run``), per shard on a mesh."""
-    layout = attention_layout(problem.kv.fused, rest[-1].ndim, problem.q_layout is not None)
-    return run(layout, _attention_local, (run_impl, problem), q, tuple(kv_arrays), *rest)
+    return run(_attention_layout_of(problem, q, rest[-1]), _attention_local, (run_impl, problem), q,
+               tuple(kv_arrays), *rest)
 
 
 def check_sparse_attention(problem, q, kv_arrays, *rest) -> None:
     if maybe_on_mesh(q):
-        check_layout(attention_layout(problem.kv.fused, rest[-1].ndim, problem.q_layout is not None),
-                     q, tuple(kv_arrays), *rest)
+        check_layout(_attention_layout_of(problem, q, rest[-1]), q, tuple(kv_arrays), *rest)
 
 
 def repeat_kv_heads(kv, repeats: int):
