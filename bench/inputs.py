@@ -1,6 +1,6 @@
 """Benchmark inputs: geometries (real or CPU-reduced), page pools, fresh selection sets.
 
-Selections follow DESIGN.md section 3 (and ``qsa_testing.cases``): for a row at
+Selections follow docs/spec.md §5.2 (and ``qsa_testing.cases``): for a row at
 position ``pos`` in the last quarter of a ``context``-token request, the tokens of
 ``blocks`` distinct random compressed blocks of 4 (indexer order), then the causal
 tail of the open group (<= 3 tokens), then -1, and the count in the last column.
@@ -70,11 +70,13 @@ def geometry(name: str, *, cpu: bool, pool_gb: float) -> BenchGeometry:
 
 # --- K/V pool ------------------------------------------------------------------------
 
-def make_pool(geo: BenchGeometry, *, gpu: bool, seed: int):
-    """The fused [NB, Hk, P, 2D] bf16 pool: (torch tensor or None, jax array).
+def make_pool(geo: BenchGeometry, *, gpu: bool, seed: int, fp8: bool = False):
+    """The fused [NB, Hk, P, 2D] pool: (torch tensor or None, jax array).
 
+    bf16 normal values, or with ``fp8`` the same values rounded to float8_e4m3fn.
     On the GPU it is drawn by torch on the device and imported zero-copy into JAX
-    (DLPack), so the originals and JAX read the same bytes.
+    (DLPack), so the originals and JAX read the same bytes; an fp8 pool travels as
+    its uint8 bytes (which ``qsa_jax.sparse_attention`` takes as e4m3).
     """
     shape = (geo.pool_pages, geo.num_kv_heads, geo.page_size, 2 * geo.head_dim)
     if gpu:
@@ -82,9 +84,13 @@ def make_pool(geo: BenchGeometry, *, gpu: bool, seed: int):
 
         gen = torch.Generator(device="cuda").manual_seed(seed)
         kv_t = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        if fp8:
+            kv_t = kv_t.to(torch.float8_e4m3fn)
         torch.cuda.synchronize()
-        return kv_t, jax.dlpack.from_dlpack(kv_t)
+        return kv_t, jax.dlpack.from_dlpack(kv_t.view(torch.uint8) if fp8 else kv_t)
     kv = jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(jnp.bfloat16)
+    if fp8:
+        kv = kv.astype(jnp.float8_e4m3fn)
     return None, kv.block_until_ready()
 
 
@@ -156,10 +162,11 @@ def sparse_inputs(geo: BenchGeometry, rows: int, n: int, seed: int) -> SparseInp
     return out
 
 
-def sparse_bytes(geo: BenchGeometry, rows: int, valid_entries: float) -> dict:
-    """Byte model of one sparse-attention call (see bench/README.md)."""
+def sparse_bytes(geo: BenchGeometry, rows: int, valid_entries: float, kv_bytes: int = 2) -> dict:
+    """Byte model of one sparse-attention call (see bench/README.md); ``kv_bytes`` per
+    cache element (2 bf16, 1 fp8)."""
     d, h, hk = geo.head_dim, geo.num_query_heads, geo.num_kv_heads
-    kv = valid_entries * hk * 2 * d * 2  # K and V rows of every valid entry, bf16
+    kv = valid_entries * hk * 2 * d * kv_bytes  # K and V rows of every valid entry
     qgo = 3 * rows * h * d * 2  # q read, gate read, out written, bf16
     return {"kv": kv, "q_gate_out": qgo, "total": kv + qgo}
 

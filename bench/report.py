@@ -8,8 +8,8 @@ import pathlib
 
 from bench import summarize
 
-IMPL_ORDER = ("original", "xla", "pallas", "triton", "shim")
-COLORS = {"original": "black", "triton": "tab:blue", "pallas": "tab:orange", "xla": "tab:green",
+IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", "shim")
+COLORS = {"original": "black", "original034": "tab:gray", "triton": "tab:blue", "pallas": "tab:orange", "xla": "tab:green",
           "shim": "tab:purple"}
 
 
@@ -59,6 +59,8 @@ def one_line(rec) -> str:
     if rec.get("error"):
         return f"  {where} rows={rec['rows']}{flag} {rec['impl']}: ERROR"
     ratio = f" x{rec['ratio_to_original']:.2f}" if rec.get("ratio_to_original") else ""
+    if rec.get("ratio_to_original034"):
+        ratio += f" x{rec['ratio_to_original034']:.2f} of 0.34"
     return (f"  {where} rows={rec['rows']}{flag} {rec['impl']}: device {_us(rec.get('device_s'))} us, "
             f"eager {_us(rec.get('eager_s'))} us, {rec.get('pct_copy_bw', 0):.0f}% BW{ratio} [{check_text(rec)}]")
 
@@ -82,12 +84,13 @@ def finish(results: dict) -> None:
 
 def table(results: dict) -> str:
     head = ("| op | where | rows | prefill cfg | config (BLOCK_N, warps, tiles, splits) | impl | device µs/call "
-            "| eager µs/call | GB/s | % copy BW | × original | check |")
-    lines = [head, "|" + "---|" * 12]
+            "| eager µs/call | GB/s | % copy BW | × 0.30.0 | × 0.34.0 | check |")
+    lines = [head, "|" + "---|" * 13]
     for r in results["results"]:
         where = r["geometry"]
         cfg = "(" + ", ".join(str(x) for x in r["config"]) + ")" if r.get("config") else ""
         ratio = f"{r['ratio_to_original']:.2f}" if r.get("ratio_to_original") else ""
+        ratio += " | " + (f"{r['ratio_to_original034']:.2f}" if r.get("ratio_to_original034") else "")
         lines.append(
             f"| {r['op']} | {where} | {r['rows']} | {'yes' if r.get('use_prefill_config') else ''} | {cfg} "
             f"| {r['impl']} | {_us(r.get('device_s'))} | {_us(r.get('eager_s'))} "
@@ -168,16 +171,19 @@ def busy_table(results: dict) -> str:
             by_case.setdefault(key, {})[r["impl"]] = r
     if not by_case:
         return ""
-    lines = ["| op | where | rows | original graph µs | original busy µs | pallas wall µs | pallas busy µs "
-             "| pallas busy × original | triton busy µs | triton busy × original |", "|" + "---|" * 10]
+    lines = ["| op | where | rows | 0.30.0 graph µs | 0.30.0 busy µs | 0.34.0 busy µs | pallas wall µs "
+             "| pallas busy µs | pallas busy × 0.30.0 | × 0.34.0 | × faster original | triton busy µs "
+             "| triton busy × 0.30.0 |", "|" + "---|" * 13]
     for (op, geo, n, flag), v in by_case.items():
         o = v.get("original", {})
-        ob = o.get("busy_s")
-        ratio = lambda x: f"{x / ob:.2f}" if (ob and x) else ""  # noqa: E731
+        ob, ob34 = o.get("busy_s"), v.get("original034", {}).get("busy_s")
+        fastest = min(x for x in (ob, ob34, float("inf")) if x)
+        ratio = lambda x, base=ob: f"{x / base:.2f}" if (base and x and base != float("inf")) else ""  # noqa: E731
         p, t = v.get("pallas", {}), v.get("triton", {})
         lines.append(f"| {op} | {geo} | {n}{' (prefill cfg)' if flag else ''} | {_us(o.get('device_s'))} "
-                     f"| {_us(ob)} | {_us(p.get('device_s'))} | {_us(p.get('busy_s'))} "
-                     f"| {ratio(p.get('busy_s'))} | {_us(t.get('busy_s'))} | {ratio(t.get('busy_s'))} |")
+                     f"| {_us(ob)} | {_us(ob34)} | {_us(p.get('device_s'))} | {_us(p.get('busy_s'))} "
+                     f"| {ratio(p.get('busy_s'))} | {ratio(p.get('busy_s'), ob34)} "
+                     f"| {ratio(p.get('busy_s'), fastest)} | {_us(t.get('busy_s'))} | {ratio(t.get('busy_s'))} |")
     return "\n".join(lines)
 
 

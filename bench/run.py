@@ -23,8 +23,14 @@ OPS = ("sparse_attention", "compress_groups_with_ratio", "store_cache_rows")
 OP_ALIASES = {"sparse": "sparse_attention", "attention": "sparse_attention",
               "compress": "compress_groups_with_ratio", "store": "store_cache_rows",
               **{op: op for op in OPS}}
-IMPLS = ("original", "xla", "pallas", "triton", "shim")
-TORCH_IMPLS = ("original", "shim")
+IMPLS = ("original", "original034", "xla", "pallas", "triton", "shim")
+TORCH_IMPLS = ("original", "original034", "shim")
+# The vLLM release each torch-side original is loaded from.
+ORIGINAL_VERSIONS = {"original": "0.30.0", "original034": "0.34.0"}
+KV_DTYPES = ("bf16", "fp8")
+# Dequantisation scales of the fp8 rows: other than 1 so that a dropped or swapped
+# scale shows in the check.
+FP8_K_SCALE, FP8_V_SCALE = 0.5, 2.0
 SHIM_FUNCS = {"sparse_attention": "qsa_sparse_paged_attention",
               "compress_groups_with_ratio": "qsa_compress_groups_with_ratio",
               "store_cache_rows": "qsa_store_cache_rows"}
@@ -62,8 +68,10 @@ def parse_args(argv=None):
     p.add_argument("--rows", help="sparse-attention rows, comma list (default 1,2,4..4096; CPU 1,4,16,64)")
     p.add_argument("--indexer-rows", help="compress/store rows, comma list (default 1,4,16,64,256,512,1024,4096,8192)")
     p.add_argument("--ring", help="indexer ring sizes, comma list (default 4,8)")
-    p.add_argument("--impl", help="comma list of original,triton,pallas,xla,shim (default: all that can run; "
-                                  "on CPU: xla only, name pallas to time its interpreter)")
+    p.add_argument("--impl", help="comma list of original,original034,triton,pallas,xla,shim (default: all that "
+                                  "can run; on CPU: xla only, name pallas to time its interpreter)")
+    p.add_argument("--kv-dtype", help="comma list of K/V cache dtypes: bf16, fp8 (e4m3, k_scale 0.5, v_scale 2; "
+                                      "vLLM 0.34's path, which 0.30.0 lacks). Default bf16,fp8 on a GPU, bf16 on CPU")
     p.add_argument("--n-calls", type=int, help="N: calls per timed unit, each with a fresh input set (default 20; CPU 4)")
     p.add_argument("--eager-calls", type=int, help="calls for the eager-latency median (default 20; CPU 5)")
     p.add_argument("--quick", action="store_true", help="a small grid: rows 1,64,1024,4096, N=10, ring 4")
@@ -153,6 +161,10 @@ def main(argv=None) -> int:
             raise SystemExit(f"--tp: unknown geometry {tp!r}; choose from TP1, TP2, TP4")
     if min(rows_list) < 1 or min(idx_rows) < 1 or min(rings) < 4:
         raise SystemExit("--rows / --indexer-rows must be >= 1 and --ring >= 4 (the compress ratio)")
+    kv_dtypes = _csv(args.kv_dtype) or (KV_DTYPES if gpu else ("bf16",))
+    for name in kv_dtypes:
+        if name not in KV_DTYPES:
+            raise SystemExit(f"--kv-dtype: unknown dtype {name!r}; choose from {KV_DTYPES}")
     requested = _csv(args.impl)
     for name in requested or ():
         if name not in IMPLS:
@@ -160,20 +172,21 @@ def main(argv=None) -> int:
 
     # --- what can run -------------------------------------------------------------
     status: dict[str, dict[str, str]] = {}
-    orig_mod = shim_mod = None
-    orig_why = shim_why = None
+    orig_mods = {name: None for name in ORIGINAL_VERSIONS}
+    orig_whys = {name: None for name in ORIGINAL_VERSIONS}
+    shim_mod = shim_why = None
     if not gpu:
-        orig_why = "CPU mode: the originals are Triton kernels that need CUDA"
+        orig_whys = {name: "CPU mode: the originals are Triton kernels that need CUDA" for name in ORIGINAL_VERSIONS}
         shim_why = "CPU mode: the shim is timed on CUDA tensors only"
     elif not tcuda:
-        orig_why = shim_why = why_no_torch
+        orig_whys = {name: why_no_torch for name in ORIGINAL_VERSIONS}
+        shim_why = why_no_torch
     else:
-        try:
-            from qsa_testing import originals
-
-            orig_mod = originals.load()
-        except Exception as exc:  # OriginalsUnavailable or anything its import raises
-            orig_why = f"{type(exc).__name__}: {exc}"
+        for name, version in ORIGINAL_VERSIONS.items():
+            try:
+                orig_mods[name] = _load_original(version)
+            except Exception as exc:  # OriginalsUnavailable or anything its import raises
+                orig_whys[name] = f"{type(exc).__name__}: {exc}"
         try:
             import qsa_torch_shim as shim_mod
         except Exception as exc:
@@ -187,8 +200,10 @@ def main(argv=None) -> int:
             if requested is not None and name not in requested:
                 status[op][name] = "not requested"
                 continue
-            if name == "original":
-                why = orig_why
+            if name == "original034" and op != "sparse_attention":
+                why = "the same kernels as 0.30.0 (0.34.0 changed only the sparse attention)"
+            elif name in ORIGINAL_VERSIONS:
+                why = orig_whys[name]
             elif name == "shim":
                 why = shim_why or (None if hasattr(shim_mod, SHIM_FUNCS[op])
                                    else f"qsa_torch_shim has no {SHIM_FUNCS[op]}")
@@ -239,7 +254,7 @@ def main(argv=None) -> int:
     total = 0
     if "sparse_attention" in ops:
         total += sum(len(flags_for(r, geos[tp].num_kv_heads)) * len(impls_by_op["sparse_attention"])
-                     for tp in tps for r in rows_list)
+                     for tp in tps for r in rows_list) * len(kv_dtypes)
     for op in ("compress_groups_with_ratio", "store_cache_rows"):
         if op in ops:
             total += len(rings) * len(idx_rows) * len(impls_by_op[op])
@@ -250,7 +265,7 @@ def main(argv=None) -> int:
         "mode": mode,
         "not_a_gpu_measurement": not gpu,
         "copy_bandwidth": copy_bw,
-        "settings": {"ops": ops, "tps": tps, "rows": rows_list, "indexer_rows": idx_rows, "rings": rings,
+        "settings": {"ops": ops, "tps": tps, "kv_dtypes": kv_dtypes, "fp8_scales": [FP8_K_SCALE, FP8_V_SCALE], "rows": rows_list, "indexer_rows": idx_rows, "rings": rings,
                      "n_calls": n_calls, "eager_calls": eager_calls, "prefill": args.prefill,
                      "pool_gb": args.pool_gb, "seed": args.seed, "quick": args.quick,
                      "geometries": {tp: g.as_dict() for tp, g in geos.items()}},
@@ -276,7 +291,8 @@ def main(argv=None) -> int:
     }
 
     ctx = dict(np=np, jax=jax, qsa_jax=qsa_jax, I=I, timing=timing, agreement=agreement,
-               orig=orig_mod, shim=shim_mod, gpu=gpu, n_calls=n_calls, eager_calls=eager_calls,
+               orig=orig_mods["original"], orig034=orig_mods["original034"], shim=shim_mod, gpu=gpu,
+               n_calls=n_calls, eager_calls=eager_calls,
                copy_gbps=copy_bw["gbps"], progress=progress, shim_graph=args.shim_graph,
                trace_rows=args.trace_rows if args.trace_rows is not None else (64 if gpu else 0))
 
@@ -295,9 +311,10 @@ def main(argv=None) -> int:
 
     try:
         if "sparse_attention" in ops:
-            for tp in tps:
-                run_sparse_geometry(ctx, geos[tp], rows_list, flags_for, impls_by_op["sparse_attention"],
-                                    args.seed, emit)
+            for kv_dtype in kv_dtypes:
+                for tp in tps:
+                    run_sparse_geometry(ctx, geos[tp], rows_list, flags_for, impls_by_op["sparse_attention"],
+                                        args.seed, emit, kv_dtype=kv_dtype)
         for op in ("compress_groups_with_ratio", "store_cache_rows"):
             if op in ops:
                 for ring in rings:
@@ -319,6 +336,12 @@ def main(argv=None) -> int:
     return 0
 
 
+def _load_original(version: str):
+    from qsa_testing import originals
+
+    return originals.load(version=version)
+
+
 def _record_error(rec, exc):
     """Keep a failing measurement in the results (flagged), with its traceback."""
     rec["error"] = "".join(traceback.format_exception_only(type(exc), exc))
@@ -328,13 +351,17 @@ def _record_error(rec, exc):
 def _close_record(ctx, rec, t_rec, baseline, emit, label):
     """Finish one record: rates against the original, emit, progress. Returns the baseline.
 
-    The original runs first in every case; its (device_s, eager_s) become the
-    baseline of the implementations that follow.
+    The originals run first in every case; their (device_s, eager_s) become the
+    baselines (keyed by impl) of the implementations that follow.
     """
-    if rec["impl"] == "original":
-        baseline = (rec.get("device_s"), rec.get("eager_s"))
+    baseline = dict(baseline)
+    if rec["impl"] in ORIGINAL_VERSIONS:
+        baseline[rec["impl"]] = (rec.get("device_s"), rec.get("eager_s"))
     rec["wall_s"] = time.perf_counter() - t_rec
-    _rates(ctx, rec, *baseline)
+    _rates(ctx, rec, *baseline.get("original", (None, None)))
+    dev034 = baseline.get("original034", (None, None))[0]
+    if rec.get("device_s") and dev034:
+        rec["ratio_to_original034"] = rec["device_s"] / dev034
     emit(rec)
     ctx["progress"].step(label)
     return baseline
@@ -343,14 +370,14 @@ def _close_record(ctx, rec, t_rec, baseline, emit, label):
 # --- sparse attention ------------------------------------------------------------------
 
 
-def _many_sparse(q, kv, idx_sets, block_table, token_to_req, gate, *, flag, impl):
+def _many_sparse(q, kv, idx_sets, block_table, token_to_req, gate, *, flag, impl, scales):
     """N calls in sequence, one per selection set (one jitted function)."""
     import qsa_jax
 
     from bench.timing import sequential_calls
 
     return sequential_calls(lambda idx: qsa_jax.sparse_attention(
-        q, kv, idx, block_table, token_to_req, gate, use_prefill_config=flag, implementation=impl),
+        q, kv, idx, block_table, token_to_req, gate, use_prefill_config=flag, implementation=impl, **scales),
         idx_sets)
 
 
@@ -370,23 +397,28 @@ def _check(ctx, got, ref, ref_name):
             "nonzero_where_reference_zero": zero_bad}
 
 
-def run_sparse_geometry(ctx, geo, rows_list, flags_for, impls, seed, emit):
+def run_sparse_geometry(ctx, geo, rows_list, flags_for, impls, seed, emit, *, kv_dtype="bf16"):
     np, qsa_jax, I = ctx["np"], ctx["qsa_jax"], ctx["I"]
     gpu, n_calls = ctx["gpu"], ctx["n_calls"]
+    fp8 = kv_dtype == "fp8"
+    if fp8:  # vLLM 0.30.0 has no fp8 path: 0.34.0 is the comparator there
+        impls = [i for i in impls if i != "original"]
     if not impls:
         return
     torch = None
-    if ctx["orig"] is not None or ctx["shim"] is not None:
+    if any(ctx[k] is not None for k in ("orig", "orig034", "shim")):
         import torch
-    kv_t, kv = I.make_pool(geo, gpu=gpu and torch is not None, seed=seed + 17)
-    ctx["progress"].write(f"{geo.name}: pool {geo.pool_pages} pages x Hk {geo.num_kv_heads} x P {geo.page_size} "
-                          f"x 2D {2 * geo.head_dim} bf16 = {geo.pool_bytes / 2**30:.2f} GiB; W = {geo.selection_width}")
+    kv_t, kv = I.make_pool(geo, gpu=gpu and torch is not None, seed=seed + 17, fp8=fp8)
+    scales = dict(k_scale=FP8_K_SCALE, v_scale=FP8_V_SCALE) if fp8 else {}
+    where = f"{geo.name} fp8" if fp8 else geo.name
+    ctx["progress"].write(f"{where}: pool {geo.pool_pages} pages x Hk {geo.num_kv_heads} x P {geo.page_size} "
+                          f"x 2D {2 * geo.head_dim} {kv_dtype}; W = {geo.selection_width}")
     oracle_kv = None
     try:
         for rows in rows_list:
             inp = I.sparse_inputs(geo, rows, n_calls, seed + 1000 * rows + geo.num_query_heads)
             mean_valid = float(np.mean(inp.valid_entries))
-            nbytes = I.sparse_bytes(geo, rows, mean_valid)
+            nbytes = I.sparse_bytes(geo, rows, mean_valid, kv_bytes=1 if fp8 else 2)
             tt = None
             if torch is not None:
                 from qsa_testing.torch_interop import kv_views
@@ -394,9 +426,11 @@ def run_sparse_geometry(ctx, geo, rows_list, flags_for, impls, seed, emit):
                 k_c, v_c = kv_views(kv_t, geo.head_dim)
                 tt = dict(q=torch.from_dlpack(inp.q), gate=torch.from_dlpack(inp.gate),
                           bt=torch.from_dlpack(inp.block_table), t2r=torch.from_dlpack(inp.token_to_req),
-                          idx=[torch.from_dlpack(x) for x in inp.idx], k=k_c, v=v_c)
+                          idx=[torch.from_dlpack(x) for x in inp.idx], k=k_c, v=v_c,
+                          scales=(FP8_K_SCALE, FP8_V_SCALE) if fp8 else ())
             for flag in flags_for(rows, geo.num_kv_heads):
-                cfg = qsa_jax.select_config(rows, geo.num_kv_heads, flag, geo.selection_width)
+                cfg = qsa_jax.select_config(rows, geo.num_kv_heads, flag, geo.selection_width,
+                                            **({"is_fp8": True} if fp8 else {}))
                 ref, ref_name = None, None
                 if "original" not in impls and not gpu:
                     if oracle_kv is None:
@@ -410,22 +444,22 @@ def run_sparse_geometry(ctx, geo, rows_list, flags_for, impls, seed, emit):
                         block_n=cfg.block_n, num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
                     ref_name = "float64 oracle"
                 t_pre = time.perf_counter()
-                pre = _prepare_jax(ctx, impls, functools.partial(_sparse_jax_fns, ctx, kv, inp, flag))
+                pre = _prepare_jax(ctx, impls, functools.partial(_sparse_jax_fns, ctx, kv, inp, flag, scales=scales))
                 pre_s = time.perf_counter() - t_pre
-                baseline = (None, None)  # the original's (device_s, eager_s)
+                baseline = {}  # each original's (device_s, eager_s)
                 for impl in impls:
-                    rec = {"op": "sparse_attention", "geometry": geo.name, "rows": rows,
+                    rec = {"op": "sparse_attention", "geometry": where, "kv_dtype": kv_dtype, "rows": rows,
                            "use_prefill_config": flag, "impl": impl, "config": list(cfg),
                            "config_fields": list(cfg._fields), "bytes_per_call": nbytes,
                            "valid_entries_per_call": mean_valid}
                     t_rec = time.perf_counter()
                     try:
-                        if impl in ("original", "shim"):
+                        if impl in TORCH_IMPLS:
                             got = _sparse_torch(ctx, rec, impl, tt, flag)
                         else:
                             got = _jax_measure(ctx, rec, pre[impl], pre_s)
-                        if impl == "original":
-                            ref, ref_name = got, "original"
+                        if impl in ORIGINAL_VERSIONS and ref is None:
+                            ref, ref_name = got, impl
                             rec["check"] = {"ok": True, "reference": "itself"}
                         elif ref is None and gpu:
                             ref, ref_name = got, impl  # no original: first implementation is the reference
@@ -462,9 +496,10 @@ def _sparse_torch(ctx, rec, impl, tt, flag):
 
     from qsa_testing.torch_interop import to_numpy
 
-    fn = ctx["orig"].qsa_sparse_paged_attention if impl == "original" else ctx["shim"].qsa_sparse_paged_attention
+    module = {"original": ctx["orig"], "original034": ctx["orig034"], "shim": ctx["shim"]}[impl]
+    fn = module.qsa_sparse_paged_attention
     out = torch.empty_like(tt["q"])
-    calls = [functools.partial(fn, tt["q"], tt["k"], tt["v"], idx, tt["bt"], tt["t2r"], flag, out,
+    calls = [functools.partial(fn, tt["q"], tt["k"], tt["v"], idx, tt["bt"], tt["t2r"], flag, out, *tt["scales"],
                                output_gate=tt["gate"]) for idx in tt["idx"]]
     got = _torch_measure(ctx, rec, impl, calls, to_numpy)
     # vLLM passes new q/gate activations every step (its metadata buffers persist): time
@@ -473,7 +508,7 @@ def _sparse_torch(ctx, rec, impl, tt, flag):
     count = ctx["eager_calls"]
     if impl == "shim" and 2 * tt["q"].numel() * tt["q"].element_size() * count <= 2**30:
         fresh = [functools.partial(fn, tt["q"].clone(), tt["k"], tt["v"], tt["idx"][i % len(tt["idx"])].clone(),
-                                   tt["bt"], tt["t2r"], flag, out, output_gate=tt["gate"].clone())
+                                   tt["bt"], tt["t2r"], flag, out, *tt["scales"], output_gate=tt["gate"].clone())
                  for i in range(count + 1)]
         torch.cuda.synchronize()
         timed = ctx["timing"].eager_latency_once_each(fresh, lambda _: torch.cuda.synchronize())
@@ -481,17 +516,17 @@ def _sparse_torch(ctx, rec, impl, tt, flag):
     return got
 
 
-def _sparse_jax_fns(ctx, kv, inp, flag, impl):
+def _sparse_jax_fns(ctx, kv, inp, flag, impl, *, scales):
     """(first call -> NumPy output, single-call closures for the eager timing, N-call jitted fn, its args,
     None or a callable giving the args at measurement time for a chained (donated) first argument)."""
     jax, qsa_jax, np = ctx["jax"], ctx["qsa_jax"], ctx["np"]
 
     def one(i):
         return qsa_jax.sparse_attention(inp.q, kv, inp.idx[i], inp.block_table, inp.token_to_req, inp.gate,
-                                        use_prefill_config=flag, implementation=impl)
+                                        use_prefill_config=flag, implementation=impl, **scales)
 
     calls = [functools.partial(one, i) for i in range(len(inp.idx))]
-    many = jax.jit(functools.partial(_many_sparse, flag=flag, impl=impl))
+    many = jax.jit(functools.partial(_many_sparse, flag=flag, impl=impl, scales=scales))
     args = (inp.q, kv, tuple(inp.idx), inp.block_table, inp.token_to_req, inp.gate)
     return (lambda: np.asarray(jax.block_until_ready(one(0)))), calls, many, args, None
 
@@ -567,7 +602,7 @@ TRACE_RUNS = 3
 
 
 def _traced(ctx, rec) -> bool:
-    return rec["impl"] in ("original", "pallas", "triton") and rec["rows"] <= ctx["trace_rows"]
+    return rec["impl"] in ("original", "original034", "pallas", "triton") and rec["rows"] <= ctx["trace_rows"]
 
 
 def _record_busy(rec, run_once, calls_per_run, wait):
@@ -670,7 +705,7 @@ def run_indexer_case(ctx, op, ring, n, impls, seed, emit):
         sets_j = [(jax.numpy.asarray(a), jax.numpy.asarray(b)) for a, b in sets_np]
         pre = _prepare_jax(ctx, impls, functools.partial(_store_jax_fns, ctx, cache_np, sets_j))
     pre_s = time.perf_counter() - t_pre
-    baseline = (None, None)  # the original's (device_s, eager_s)
+    baseline = {}  # the original's (device_s, eager_s)
     for impl in impls:
         t_rec = time.perf_counter()
         rec = {"op": op, "ring": ring, "rows": n, "impl": impl, "bytes_per_call": nbytes, "geometry": f"ring{ring}"}
@@ -730,7 +765,7 @@ def _torch_measure(ctx, rec, impl, calls, fetch):
         got = fetch(calls[0]())
         rec["first_call_s"] = time.perf_counter() - t0
         rec.update(timing.eager_latency(calls, lambda _: torch.cuda.synchronize(), count=ctx["eager_calls"]))
-        if impl == "original" or ctx["shim_graph"]:
+        if impl in ORIGINAL_VERSIONS or ctx["shim_graph"]:
             try:
                 rec.update(timing.torch_graph_time(calls))
                 if _traced(ctx, rec):
@@ -738,7 +773,7 @@ def _torch_measure(ctx, rec, impl, calls, fetch):
                     _record_busy(rec, graph.replay, len(calls), lambda _: torch.cuda.synchronize())
                     del graph
             except Exception as exc:
-                if impl == "original":
+                if impl in ORIGINAL_VERSIONS:
                     raise
                 torch.cuda.synchronize()
                 rec.update(timing.torch_loop_time(calls, reason=f"graph capture failed: {exc!r}"[:200]))

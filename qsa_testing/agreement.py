@@ -1,4 +1,4 @@
-"""The agreement bar against the originals (DESIGN.md §5.4)."""
+"""The agreement bar against the originals (docs/spec.md §6.2)."""
 
 from __future__ import annotations
 

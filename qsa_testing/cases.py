@@ -1,6 +1,6 @@
 """Deterministic NumPy input builders shared by tests, golden recording and benchmarks.
 
-Selections follow how vLLM fills ``logical_indices`` (DESIGN.md §3): for a row at
+Selections follow how vLLM fills ``logical_indices`` (docs/spec.md §5.2): for a row at
 query position ``pos`` with ``visible = (pos + 1) // 4`` complete compressed
 blocks, the tokens of ``min(visible, blocks)`` distinct blocks in indexer
 (random) order, 4 tokens each; then the open group's causal tail
@@ -168,6 +168,22 @@ def poison_unreferenced(case: SparseAttentionCase, config=None) -> SparseAttenti
     bits = case.kv_cache.view(np.uint16).copy()
     bits[np.broadcast_to(~mask[:, None, :, None], bits.shape)] = BF16_NAN_BITS
     case.kv_cache = bits.view(BF16)
+    return case
+
+
+def poison_unread_values(case: SparseAttentionCase, config=None) -> SparseAttentionCase:
+    """Huge finite K and NaN V in every cache row that no consumed valid entry reads.
+
+    Unlike ``poison_unreferenced`` (NaN in K too), every stray read shows: NaN in K would only
+    make the split that reads it look empty and be dropped (docs/spec.md §6.5), while NaN in V
+    reaches the output."""
+    unread = ~referenced_rows(case, config)
+    kv = case.kv_cache.astype(np.float32)
+    d = case.head_dim
+    rows = np.broadcast_to(unread[:, None, :, None], kv.shape[:3] + (1,))
+    kv[..., :d] = np.where(rows, 64.0, kv[..., :d])
+    kv[..., d:] = np.where(rows, np.nan, kv[..., d:])
+    case.kv_cache = kv.astype(BF16)
     return case
 
 

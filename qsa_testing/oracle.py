@@ -1,6 +1,6 @@
 """Independent float64 NumPy oracle of the three QSA operators.
 
-Written from DESIGN.md section 2 alone (no kernel code was consulted), so that it can be
+Written from docs/spec.md §3 alone (no kernel code was consulted), so that it can be
 checked against the golden files of the originals and used as a second opinion on every
 JAX implementation. Everything is computed in float64; the only roundings modelled are the
 ones the specification makes observable:
@@ -159,7 +159,7 @@ def _attention_core(q, k_cache, v_cache, logical_indices, block_table, token_to_
 
 def sparse_attention_oracle(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                             output_gate, *, block_n, num_tiles, num_splits) -> np.ndarray:
-    """Float64 oracle of qsa_sparse_paged_attention (DESIGN.md section 2).
+    """Float64 oracle of qsa_sparse_paged_attention (docs/spec.md §3.1).
 
     q, output_gate: [R, H, D]; k_cache, v_cache: logical layout [NB, P, Hk, D];
     logical_indices: [R, W+1] ints, last column = valid count; block_table: [NR, BTW];
@@ -212,7 +212,7 @@ def compress_groups_oracle(raw_keys, raw_positions, compressor_state_cache,
                            compressor_state_block_table, token_to_req, query_start_loc,
                            logical_positions, compressed_slots, compress_ratio,
                            rope_cache=None):
-    """Float64 oracle of compress_groups_with_ratio (DESIGN.md section 2).
+    """Float64 oracle of compress_groups_with_ratio (docs/spec.md §3.2).
 
     Row r pools the C = compress_ratio positions e-C+1 .. e (e = logical_positions[r]).
     Positions at or after the row's chunk start come from this step's raw rows, older ones

@@ -1,7 +1,9 @@
 """qsa_torch_shim: vLLM's QSA ops (``vllm/models/qwen4_exp/nvidia/ops/qsa.py``) on qsa_jax.
 
 A drop-in replacement module: same names, signatures, checks and exception
-types as vLLM 0.30.0's originals, computing with qsa_jax, zero-copy:
+types as vLLM 0.34.0's originals (bf16 and fp8 caches; every 0.30.0 call is
+accepted too, and ``vllm_0_30`` has 0.30.0's exact surface), computing with
+qsa_jax, zero-copy:
 
     import qsa_torch_shim as qsa          # instead of ...nvidia.ops.qsa
     qsa.qsa_sparse_paged_attention(q, k_cache, v_cache, indices, block_table,
@@ -10,7 +12,11 @@ types as vLLM 0.30.0's originals, computing with qsa_jax, zero-copy:
 
 Importing it turns off JAX's GPU memory preallocation unless the user chose an
 allocator policy (``XLA_PYTHON_CLIENT_*``), so torch keeps its memory.
-``install()`` swaps it in under the originals' module name. See notes/shim.md.
+``install()`` swaps it in under the originals' module name, with the installed
+vLLM's surface. See notes/shim.md. Layout: ``ops`` (public functions), ``_checks``
+(the originals' checks), ``_eager`` (conversion, streams, in-place writes),
+``_jax_side`` (the jitted calls), ``_interop`` (DLPack rules), ``_private_api``
+(every private JAX/torch call), ``_torch_ops`` (torch.compile), ``_warmup``.
 
 JAX's kernels cannot be captured in a torch CUDA graph: run these ops eagerly
 or under torch.compile without CUDA graphs.
@@ -26,6 +32,7 @@ from qsa_torch_shim.ops import (
     warmup_qsa_sparse_paged_attention,
     warmup_rows,
 )
+from qsa_torch_shim._private_api import PATHS as IMPORT_PATHS
 from qsa_torch_shim.latency import measure_eager_latency
 
 ORIGINAL_MODULE = "vllm.models.qwen4_exp.nvidia.ops.qsa"
@@ -33,12 +40,15 @@ ORIGINAL_MODULE = "vllm.models.qwen4_exp.nvidia.ops.qsa"
 __all__ = [
     "ShimCopyWarning",
     "clear_import_cache",
+    "IMPORT_PATHS",
     "install",
+    "installed_vllm_version",
     "measure_eager_latency",
     "qsa_compress_groups_with_ratio",
     "qsa_sparse_paged_attention",
     "qsa_store_cache_rows",
     "register_torch_ops",
+    "surface_module",
     "warmup_qsa_sparse_paged_attention",
 ]
 
@@ -53,11 +63,47 @@ def register_torch_ops():
     return _torch_ops
 
 
-def install(module_name: str = ORIGINAL_MODULE):
-    """Make ``import <module_name>`` (vLLM's qsa ops) yield this shim; returns the replaced
-    module or None. vLLM code that imports the ops after this call runs on qsa_jax."""
+def installed_vllm_version() -> str | None:
+    """The installed vLLM distribution's version, or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def surface_module(vllm_version: str | None):
+    """The shim module whose signatures match ``vllm_version``'s ops module.
+
+    Before 0.31 (the 0.30 line): ``qsa_torch_shim.vllm_0_30``. From 0.31 on, and
+    when no vLLM is installed: this package (0.34.0's signatures; 0.31-0.32 changed
+    the sparse attention too and are only known to be older than 0.34, whose
+    signature accepts every call they could make).
+    """
+    import re
+
+    numbers = re.match(r"(\d+)\.(\d+)", vllm_version or "")
+    if numbers and (int(numbers[1]), int(numbers[2])) < (0, 31):
+        from qsa_torch_shim import vllm_0_30
+
+        return vllm_0_30
     import sys
 
+    return sys.modules[__name__]
+
+
+def install(module_name: str = ORIGINAL_MODULE, vllm_version: str | None = None):
+    """Make ``import <module_name>`` (vLLM's qsa ops) yield the shim; returns the replaced
+    module or None. vLLM code that imports the ops after this call runs on qsa_jax.
+
+    The module put there has the installed vLLM's signatures and warmup summary
+    (``surface_module``); ``vllm_version`` overrides the version looked up in the
+    installed distributions.
+    """
+    import sys
+
+    version = vllm_version if vllm_version is not None else installed_vllm_version()
     previous = sys.modules.get(module_name)
-    sys.modules[module_name] = sys.modules[__name__]
+    sys.modules[module_name] = surface_module(version)
     return previous

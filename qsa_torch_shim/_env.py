@@ -18,14 +18,11 @@ _ALLOCATOR_VARS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACT
 
 
 def _jax_backends_initialised() -> bool:
-    if "jax" not in sys.modules:
+    if "jax" not in sys.modules:  # checked before the import below brings jax in
         return False
-    try:
-        from jax._src import xla_bridge
+    from qsa_torch_shim._private_api import jax_backends_initialised
 
-        return bool(getattr(xla_bridge, "_backends", None))
-    except Exception:  # pragma: no cover - private API moved
-        return False
+    return jax_backends_initialised()
 
 
 def configure_allocator() -> None:

@@ -1,6 +1,7 @@
 """Moving torch tensors into JAX and results back, without copying large data.
 
-Facts this relies on (jax 0.11.2, torch 2.11; DESIGN.md §4):
+Public APIs only: the private internals of the fast import (``to_jax``) live in
+``_private_api``. Facts this relies on (jax 0.11.2, torch 2.11; docs/spec.md §8):
 
 * ``jax.dlpack.from_dlpack`` calls ``tensor.__dlpack__(stream=<JAX's stream>)``;
   torch then records an event on its *current* stream and makes JAX's stream
@@ -17,6 +18,9 @@ Facts this relies on (jax 0.11.2, torch 2.11; DESIGN.md §4):
   lets that happen: int64 tensors travel as their int32 words (``t.view(int32)``,
   zero-copy, little-endian: low word first) and are narrowed inside the jitted
   call with explicit range rules (``jax_side``).
+* fp8 caches travel as they are: DLPack carries ``float8_e4m3fn`` both ways
+  (checked on CPU with torch 2.11 and 2.14, jax 0.11.2) and ``uint8`` (e4m3
+  bytes) is a plain byte type.
 * JAX's CPU import needs 64-byte aligned data (it copies otherwise); its GPU
   import accepts anything, but XLA/Triton kernels assume aligned parameters.
   Misaligned tensors are copied (with ``ShimCopyWarning``) only in that case.
@@ -32,6 +36,7 @@ import jax
 import torch
 
 from qsa_jax import StridedQuery
+from qsa_torch_shim._private_api import to_jax, view_root
 
 
 class ShimCopyWarning(UserWarning):
@@ -70,101 +75,6 @@ def importable(t: torch.Tensor, name: str, *, large: bool = True) -> torch.Tenso
             f"{t.data_ptr() % _alignment(t)})")
         warn_copy(name, why)
     return t.contiguous().clone() if t.is_contiguous() else t.contiguous()
-
-
-_IMPORTERS: dict[tuple[int, int], tuple] = {}
-
-
-def _importer(t: torch.Tensor):
-    """(JAX device, stream for external ready events, DLPack device type, JAX's import
-    function), cached per device.
-
-    ``jax.dlpack.from_dlpack`` looks these up on every call and then runs the
-    result through ``jnp.asarray`` (dtype canonicalisation: a no-op for the
-    bf16/int32 tensors the shim imports), which together cost more host time
-    than the import itself. The lookups do not change for a device.
-    """
-    dl_type, dev_id = t.__dlpack_device__()
-    key = (int(dl_type), int(dev_id))
-    found = _IMPORTERS.get(key)
-    if found is None:
-        from jax._src import dlpack as jax_dlpack
-        from jax._src import xla_bridge
-
-        platform = jax_dlpack._DL_DEVICE_TO_PLATFORM[dl_type]
-        device = xla_bridge.get_backend(platform).device_from_local_hardware_id(dev_id)
-        try:
-            stream = device.get_stream_for_external_ready_events()
-        except Exception:  # CPU: no streams
-            stream = None
-        from jax._src.lib import _jax
-
-        found = _IMPORTERS[key] = (device, stream, int(dl_type), _jax.dlpack_managed_tensor_to_buffer)
-    return found
-
-
-class _StreamHandshake(threading.local):
-    """torch's half of the DLPack stream handshake, without ``Tensor.__dlpack__``'s
-    per-call Python (device lookups, a new ExternalStream and Event each call):
-    measured on an H200 that path costs most of an import's ~37 µs.
-
-    Same effect as ``t.__dlpack__(stream=jax_stream)``: an event recorded on the
-    tensor's device's current torch stream, waited on by JAX's stream. The event
-    object is reused (one per thread): ``cudaStreamWaitEvent`` captures the
-    event's latest record at the time of the call, so a later record cannot
-    change an earlier wait.
-    """
-
-    def __init__(self):
-        self.events: dict[int, torch.cuda.Event] = {}
-        self.external: dict[int, torch.cuda.ExternalStream] = {}
-        self.streams: dict[tuple[int, int], torch.cuda.Stream] = {}
-
-    def order_after_torch(self, t: torch.Tensor, jax_stream: int) -> None:
-        index = t.get_device()
-        raw = torch._C._cuda_getCurrentRawStream(index)
-        if raw == jax_stream:
-            return
-        current = self.streams.get((index, raw))
-        if current is None:
-            current = torch.cuda.current_stream(index)
-            if len(self.streams) > 64:
-                self.streams.clear()
-            self.streams[(index, raw)] = current
-        event = self.events.get(index)
-        if event is None:
-            event = self.events[index] = torch.cuda.Event()
-        external = self.external.get(jax_stream)
-        if external is None:
-            external = self.external[jax_stream] = torch.cuda.ExternalStream(jax_stream, device=index)
-        event.record(current)
-        external.wait_event(event)
-
-
-_HANDSHAKE = _StreamHandshake()
-
-
-def to_jax(t: torch.Tensor) -> jax.Array:
-    """Zero-copy import of an importable tensor (stream handshake included).
-
-    Same steps as ``jax.dlpack.from_dlpack`` (JAX's stream waits for torch's
-    current stream), minus the per-call device lookups, the Python of
-    ``Tensor.__dlpack__`` (``_StreamHandshake``) and the dtype canonicalisation,
-    which would silently narrow int64 -- the shim never passes int64 here (it
-    imports their int32 words).
-    """
-    if t.dtype in (torch.int64, torch.float64, torch.uint64, torch.complex128):
-        return jax.dlpack.from_dlpack(t)  # keep JAX's canonicalisation rules for 64-bit types
-    try:
-        device, stream, dl_type, to_buffer = _importer(t)
-        if stream is not None and t.is_cuda and not t.requires_grad:
-            _HANDSHAKE.order_after_torch(t, stream)
-            capsule = torch._C._to_dlpack(t)
-        else:
-            capsule = t.__dlpack__(stream=stream)
-        return to_buffer(capsule, device, stream, None, dl_type)
-    except (ImportError, AttributeError, KeyError, TypeError):  # another jax/torch: the public path
-        return jax.dlpack.from_dlpack(t)
 
 
 def to_torch(a: jax.Array) -> torch.Tensor:
@@ -257,7 +167,7 @@ def _view_key(t: torch.Tensor) -> tuple:
 class PersistentImports:
     """Cache of JAX imports of torch tensors, valid for as long as the tensor object lives.
 
-    An import costs 20-90 µs of host time on a GPU (DESIGN.md §4), and most
+    An import costs 20-90 µs of host time on a GPU (docs/spec.md §8), and most
     tensors a serving loop passes are the same objects every step: the KV
     cache, and the metadata buffers (or fixed slices of them). Correctness:
 
@@ -288,7 +198,7 @@ class PersistentImports:
     def get(self, key_tensors: tuple, owner: torch.Tensor, make) -> jax.Array:
         """The cached import of ``make()`` (an importable tensor), keyed on ``key_tensors``'
         memory views and cached for as long as ``owner``'s root tensor object lives."""
-        root = owner._base if owner._base is not None else owner
+        root = view_root(owner)
         key = tuple(_view_key(t) for t in key_tensors) + (id(root),)
         entry = self._entries.get(key)
         if entry is not None and entry[0]() is root:

@@ -10,12 +10,15 @@ that buffer (XLA input/output aliasing): the shim donates the caller's
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import qsa_jax
+from qsa_torch_shim import _private_api
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -56,35 +59,68 @@ def _sign_extend(v):
 
 # --- sparse attention -------------------------------------------------------------------------
 
-def _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
+# qsa_jax's fp8 support (k_scale/v_scale) arrived after the shim's: say so clearly
+# instead of failing inside a trace when an older qsa_jax is installed.
+SUPPORTS_SCALES = "k_scale" in inspect.signature(qsa_jax.sparse_attention).parameters
+
+_SCALES: dict[tuple, jax.Array] = {}
+
+
+def scale_arrays(scales: tuple[float, float], like) -> tuple[jax.Array, jax.Array]:
+    """(k_scale, v_scale) as float32 device scalars, cached per value and device.
+
+    Traced, not static: a model has a scale pair per layer, and static scales
+    would compile one executable per layer and row count. Cached: a fresh
+    scalar per call would be a host-to-device copy per call.
+    """
+    if not SUPPORTS_SCALES:
+        raise NotImplementedError(
+            "qsa_torch_shim: fp8 K/V caches need a qsa_jax whose sparse_attention takes "
+            "k_scale/v_scale; the installed one does not")
+    device = _private_api.jax_device(like)
+    found = []
+    for value in scales:
+        key = (value, device)
+        array = _SCALES.get(key)
+        if array is None:
+            if len(_SCALES) > 4096:  # bounded: scales are per layer, not per call
+                _SCALES.clear()
+            array = _SCALES[key] = jax.device_put(np.float32(value), device)
+        found.append(array)
+    return tuple(found)
+
+
+def _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales, *,
             use_prefill_config, implementation):
     kv = kv_arrays[0] if len(kv_arrays) == 1 else tuple(kv_arrays)
+    # Scales only for fp8 caches, so a bf16 call runs on a qsa_jax without fp8 support.
+    extra = {} if scales is None else {"k_scale": scales[0], "v_scale": scales[1]}
     return qsa_jax.sparse_attention(q, kv, logical_indices, block_table, token_to_req, output_gate,
                                     use_prefill_config=use_prefill_config,
-                                    implementation=implementation)
+                                    implementation=implementation, **extra)
 
 
 @functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation"),
                    keep_unused=True)
-def sparse_new(fence, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
-               use_prefill_config, implementation):
+def sparse_new(fence, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+               scales=None, *, use_prefill_config, implementation):
     # ``fence``: a fresh per-call import (or None on CPU) that orders this call after
     # torch's pending writes (``_interop.stream_fence``); keep_unused keeps it a parameter.
     del fence
-    return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+    return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales,
                    use_prefill_config=use_prefill_config, implementation=implementation)
 
 
 @functools.partial(jax.jit, static_argnames=("use_prefill_config", "implementation"),
                    donate_argnums=(0,), keep_unused=True)
-def sparse_into(out, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
-                use_prefill_config, implementation):
+def sparse_into(out, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+                scales=None, *, use_prefill_config, implementation):
     # ``out`` is only the destination: donated, and aliased to the result
     # (same shape and dtype), so XLA writes the result into its memory.
     # keep_unused: without it jit prunes the unused parameter, and with it the
     # donation (the result would land in a fresh buffer).
     del out
-    return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+    return _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales,
                    use_prefill_config=use_prefill_config, implementation=implementation)
 
 

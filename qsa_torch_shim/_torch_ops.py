@@ -2,7 +2,8 @@
 
 The public functions in ``ops`` route through these only while torch.compile
 traces (``torch.compiler.is_compiling()``); eager calls skip the dispatcher.
-Each op has a fake (meta) implementation for tracing.
+Each op has a fake (meta) implementation for tracing. The ops' bodies are the
+eager path (``_eager``); this module never imports ``ops`` (no import cycle).
 
 JAX launches its own executables on its own stream: they cannot be captured in
 a torch CUDA graph (``torch.cuda.graph``). Compile without CUDA graphs
@@ -17,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from qsa_torch_shim import ops as _ops
+from qsa_torch_shim import _eager
 
 Tensor = torch.Tensor
 
@@ -25,47 +26,54 @@ Tensor = torch.Tensor
 @torch.library.custom_op("qsa_shim::sparse_paged_attention", mutates_args=())
 def _sparse(q: Tensor, k_cache: Tensor, v_cache: Tensor, logical_indices: Tensor,
             block_table: Tensor, token_to_req: Tensor, use_prefill_config: bool,
-            output_gate: Tensor, implementation: Optional[str] = None) -> Tensor:
-    return _ops.sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table,
-                                            token_to_req, use_prefill_config, None, output_gate,
-                                            implementation)
+            output_gate: Tensor, implementation: Optional[str] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None) -> Tensor:
+    return _eager.sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table,
+                                              token_to_req, use_prefill_config, None, output_gate,
+                                              implementation, _scales(k_scale, v_scale))
 
 
 @_sparse.register_fake
 def _(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_prefill_config,
-      output_gate, implementation=None):
+      output_gate, implementation=None, k_scale=None, v_scale=None):
     return torch.empty_like(q)
 
 
 @torch.library.custom_op("qsa_shim::sparse_paged_attention_out", mutates_args=("out",))
 def _sparse_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, logical_indices: Tensor,
                 block_table: Tensor, token_to_req: Tensor, use_prefill_config: bool, out: Tensor,
-                output_gate: Tensor, implementation: Optional[str] = None) -> None:
-    _ops.sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table,
-                                     token_to_req, use_prefill_config, out, output_gate,
-                                     implementation)
+                output_gate: Tensor, implementation: Optional[str] = None,
+                k_scale: Optional[float] = None, v_scale: Optional[float] = None) -> None:
+    _eager.sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table,
+                                       token_to_req, use_prefill_config, out, output_gate,
+                                       implementation, _scales(k_scale, v_scale))
 
 
 @_sparse_out.register_fake
 def _(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_prefill_config, out,
-      output_gate, implementation=None):
+      output_gate, implementation=None, k_scale=None, v_scale=None):
     return None
 
 
+def _scales(k_scale, v_scale):
+    return None if k_scale is None else (k_scale, v_scale)
+
+
 def sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                           use_prefill_config, out, output_gate, implementation):
+                           use_prefill_config, out, output_gate, implementation, scales):
+    k_scale, v_scale = (None, None) if scales is None else scales
     if out is None:
         return _sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                       bool(use_prefill_config), output_gate, implementation)
+                       bool(use_prefill_config), output_gate, implementation, k_scale, v_scale)
     _sparse_out(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                bool(use_prefill_config), out, output_gate, implementation)
+                bool(use_prefill_config), out, output_gate, implementation, k_scale, v_scale)
     return out
 
 
 @torch.library.custom_op("qsa_shim::store_cache_rows", mutates_args=("cache",))
 def _store(cache: Tensor, slot_mapping: Tensor, rows: Tensor,
            implementation: Optional[str] = None) -> None:
-    _ops.store_cache_rows_impl(cache, slot_mapping, rows, implementation)
+    _eager.store_cache_rows_impl(cache, slot_mapping, rows, implementation)
 
 
 @_store.register_fake
@@ -83,7 +91,7 @@ def _compress(raw_keys: Tensor, raw_positions: Tensor, compressor_state_cache: T
               logical_positions: Tensor, compressed_slots: Tensor, compress_ratio: int,
               rope_cache: Optional[Tensor] = None,
               implementation: Optional[str] = None) -> tuple[Tensor, Tensor]:
-    pooled, first = _ops.compress_groups_impl(
+    pooled, first = _eager.compress_groups_impl(
         raw_keys, raw_positions, compressor_state_cache, compressor_state_block_table,
         token_to_req, query_start_loc, logical_positions, compressed_slots, compress_ratio,
         rope_cache, implementation)

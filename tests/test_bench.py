@@ -60,12 +60,14 @@ def test_busy_table_from_records():
         return {"op": "sparse_attention", "geometry": "TP1", "rows": 1, "impl": impl, "device_s": dev,
                 "busy_s": busy}
 
-    res = {"results": [rec("original", 10e-6, 9e-6), rec("pallas", 19e-6, 8.1e-6), rec("xla", 40e-6, None)]}
+    res = {"results": [rec("original", 10e-6, 9e-6), rec("original034", 8e-6, 7.5e-6), rec("pallas", 19e-6, 8.1e-6),
+                       rec("xla", 40e-6, None)]}
     text = report.busy_table(res)
     row = [line for line in text.splitlines() if line.startswith("| sparse_attention | TP1 | 1 |")]
     assert len(row) == 1
     cells = [c.strip() for c in row[0].strip("|").split("|")]
-    assert cells[3:8] == ["10.0", "9.0", "19.0", "8.1", "0.90"] and cells[8] == ""
+    # 0.30 graph, 0.30 busy, 0.34 busy, pallas wall, pallas busy, x 0.30, x 0.34, x the faster original
+    assert cells[3:11] == ["10.0", "9.0", "7.5", "19.0", "8.1", "0.90", "1.08", "1.08"] and cells[11] == ""
     assert report.busy_table({"results": [rec("pallas", 1e-6, None)]}) == ""
 
 

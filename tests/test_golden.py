@@ -3,7 +3,7 @@
 The golden files (tests/golden, recorded on a GPU by tools/record_goldens.py;
 manifest.json names the card and date) cover every split count the config
 table produces, TP1/TP2/TP4 head geometries, every degenerate row kind and
-NaN in every unreferenced cache row. Bar: DESIGN.md §5.4.
+NaN in every unreferenced cache row. Bar: docs/spec.md §6.
 """
 
 from __future__ import annotations

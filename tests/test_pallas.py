@@ -29,7 +29,7 @@ from qsa_testing import oracle
 from qsa_testing.agreement import assert_agrees
 
 
-# The Triton lowering warns that it is deprecated upstream (DESIGN.md section 4).
+# The Triton lowering warns that it is deprecated upstream (docs/spec.md §8).
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 
 

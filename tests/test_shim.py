@@ -15,6 +15,7 @@ memory test.
 from __future__ import annotations
 
 import gc
+import inspect
 import warnings
 
 import numpy as np
@@ -179,14 +180,27 @@ def orig():
     return originals.load_or_skip()
 
 
-def test_select_config_matches_original(orig):
+@pytest.fixture(scope="module", params=["0.30.0", "0.34.0"])
+def versioned(request):
+    """(vLLM ``version``'s originals, the shim surface ``install()`` puts beside that version)."""
+    from qsa_testing import originals
+
+    return originals.load_or_skip(request.param), S.surface_module(request.param)
+
+
+def test_select_config_matches_original(versioned):
+    orig, surface = versioned
+    fp8_flags = (False, True) if "is_fp8" in inspect.signature(orig._select_config).parameters \
+        else (None,)
     for rows in list(range(0, 70)) + [100, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049,
                                       4096, 8192, -3]:
         for hk in (1, 2, 3):
             for flag in (False, True):
                 for cols in (-5, 0, 1, 31, 32, 33, 67, 259, 2051):
-                    assert S._select_config(rows, hk, flag, cols) == orig._select_config(rows, hk, flag, cols), \
-                        (rows, hk, flag, cols)
+                    for fp8 in fp8_flags:
+                        extra = () if fp8 is None else (fp8,)
+                        assert surface._select_config(rows, hk, flag, cols, *extra) == \
+                            orig._select_config(rows, hk, flag, cols, *extra), (rows, hk, flag, cols, fp8)
 
 
 def _bad_sparse_inputs():
@@ -238,7 +252,9 @@ BAD = _bad_sparse_inputs()
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
-def test_sparse_exception_parity_with_original(orig, name):
+def test_sparse_exception_parity_with_original(versioned, name):
+    """Each version's originals against the surface the shim installs beside it."""
+    orig, surface = versioned
     case = next(c for c, _ in SPARSE if c.name == "tp1_r3_s64_full")
     _, a, gate = _sparse_args(case)
     args, g, out = BAD[name](dict(a), gate)
@@ -246,7 +262,7 @@ def test_sparse_exception_parity_with_original(orig, name):
         _call_sparse(orig.qsa_sparse_paged_attention, args, g, out)
     assert not isinstance(expected.value, (ImportError, AttributeError)), expected.value
     with pytest.raises(type(expected.value)) as got:
-        _call_sparse(S.qsa_sparse_paged_attention, args, g, out)
+        _call_sparse(surface.qsa_sparse_paged_attention, args, g, out)
     assert type(got.value) is type(expected.value), (got.value, expected.value)
 
 

@@ -12,7 +12,7 @@ exactly (no spare pages) and the metadata points everywhere it must not be
 followed: tokens past the block table, physical pages -1 / NB / huge, request
 ids -1 / NR / huge, counts far above W, negative tokens and counts. Every
 cache row no valid entry reads holds NaN, and each kernel's output is also
-compared with the XLA reference (bar of DESIGN.md §5.4; stores bit-exact).
+compared with the XLA reference (bar of docs/spec.md §6; stores bit-exact).
 
 ``--plant`` runs only a control instead: a Pallas kernel that reads 1 Mi
 elements past the end of its input. memcheck must report it (a non-zero error

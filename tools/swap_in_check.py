@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Swap qsa_torch_shim in for vLLM's QSA ops module and check nothing else changes.
 
-Runs a fixed list of calls through the originals (vLLM 0.30.0's qsa.py, loaded
-by qsa_testing.originals under vLLM's module name), then puts qsa_torch_shim in
-``sys.modules`` under that same name, re-imports "the module" the way vLLM code
-would, and repeats the identical calls. Prints one PASS/FAIL line per call and
-a summary; exit status 0 only if everything passed.
+Runs a fixed list of calls through the originals (vLLM 0.30.0's or 0.34.0's
+qsa.py, loaded by qsa_testing.originals under vLLM's module name), then puts the
+shim in ``sys.modules`` under that same name with ``install(vllm_version=...)``
+(the surface of that version), re-imports "the module" the way vLLM code would,
+and repeats the identical calls. With 0.34.0 the list adds fp8 calls (an e4m3
+view of the cache from sm_89 on, the uint8 bytes below, k_scale 0.5, v_scale
+2.0) when qsa_jax takes scales. Prints one PASS/FAIL line per call and a
+summary; exit status 0 only if everything passed.
 
 Needs a CUDA GPU (the originals are Triton kernels). On the GPU machine, carry
 .cache/originals or set QSA_ORIGINALS_DIR.
 
-    python tools/swap_in_check.py [--quick]
+    python tools/swap_in_check.py [--quick] [--vllm 0.34.0]
 """
 
 from __future__ import annotations
@@ -43,9 +46,10 @@ def report(name: str, ok: bool, detail: str = "") -> None:
     print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
 
 
-def build_calls(quick: bool):
+def build_calls(quick: bool, fp8: bool = False):
     """[(name, fn(module) -> tensors to compare, kind)] with inputs built once."""
     calls = []
+    fp8_dtype = torch.float8_e4m3fn if torch.cuda.get_device_capability() >= (8, 9) else torch.uint8
     gen = torch.Generator(device="cuda").manual_seed(0)
     pools = {"TP1": 300, "TP2": 500, "TP4": 1000}
     rows_list = (1, 64, 2049) if quick else (1, 8, 64, 256, 1024, 2049, 4096)
@@ -54,6 +58,9 @@ def build_calls(quick: bool):
         kv = torch.randn((pages, g.num_kv_heads, g.page_size, 2 * g.head_dim), device="cuda",
                          dtype=torch.bfloat16, generator=gen)
         k, v = kv_views(kv, g.head_dim)  # exactly how vLLM slices its kv_cache
+        # vLLM allocates an fp8 cache as bytes and hands the kernels a view of it.
+        kv8 = kv.to(torch.float8_e4m3fn).view(torch.uint8) if fp8 else None
+        k8, v8 = kv_views(kv8.view(fp8_dtype), g.head_dim) if fp8 else (None, None)
         for rows in rows_list:
             rng = np.random.default_rng(rows)
             case = C.sparse_attention_case(
@@ -87,6 +94,16 @@ def build_calls(quick: bool):
                         flag, out, output_gate=t["output_gate"])
                     return [out]
 
+                if fp8:
+                    def quantised(m, t=t, k8=k8, v8=v8, flag=flag):
+                        out = torch.full_like(t["q"], float("nan"))
+                        m.qsa_sparse_paged_attention(
+                            t["q"], k8, v8, t["logical_indices"], t["block_table"],
+                            t["token_to_req"], flag, out, 0.5, 2.0, output_gate=t["output_gate"])
+                        return [out]
+
+                    calls.append((f"sparse {gname} rows={rows} prefill={flag} fp8 {fp8_dtype}",
+                                  quantised, "float"))
                 calls.append((f"sparse {gname} rows={rows} prefill={flag} out=None", new, "float"))
                 calls.append((f"sparse {gname} rows={rows} prefill={flag} out=given", into, "float"))
                 calls.append((f"sparse {gname} rows={rows} prefill={flag} q=view of qkv", strided, "float"))
@@ -95,7 +112,7 @@ def build_calls(quick: bool):
                       lambda m, kv=kv, bt=block_table, g=g: [torch.tensor(
                           m.warmup_qsa_sparse_paged_attention(
                               kv, bt, num_query_heads=g.num_query_heads, selection_width=2051,
-                              **({"rows": [1]} if m is qsa_torch_shim else {})))],
+                              **({"rows": [1]} if m.__name__.startswith("qsa_torch_shim") else {})))],
                       "exact"))
     for case, _ in golden.store_cases():
         def store(m, case=case):
@@ -168,12 +185,14 @@ def compare(kind, want, got):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer row counts")
+    parser.add_argument("--vllm", default=originals.VLLM_VERSION, choices=originals.VERSIONS,
+                        help="which originals to swap the shim in for")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("FAIL  needs a CUDA GPU (the originals are Triton kernels)")
         return 2
     try:
-        orig = originals.load()
+        orig = originals.load(args.vllm)
     except originals.OriginalsUnavailable as exc:
         print(f"FAIL  originals unavailable: {exc}")
         return 2
@@ -181,7 +200,12 @@ def main() -> int:
     # vLLM imports the ops by module name: make that name the originals first.
     sys.modules[MODULE] = orig
     before = importlib.import_module(MODULE)
-    calls = build_calls(args.quick)
+    from qsa_torch_shim import _jax_side
+
+    fp8 = args.vllm != "0.30.0" and _jax_side.SUPPORTS_SCALES
+    if args.vllm != "0.30.0" and not fp8:
+        print("INFO  no fp8 calls: qsa_jax.sparse_attention takes no k_scale yet")
+    calls = build_calls(args.quick, fp8)
     reference = {}
     for name, fn, _ in calls:
         try:
@@ -190,10 +214,11 @@ def main() -> int:
             reference[name] = traceback.format_exc(limit=2)
     torch.cuda.synchronize()
 
-    replaced = qsa_torch_shim.install(MODULE)
+    replaced = qsa_torch_shim.install(MODULE, vllm_version=args.vllm)
     after = importlib.import_module(MODULE)
-    assert replaced is orig and after is qsa_torch_shim, "install() did not swap the module"
-    report("install() swaps the module name", True, f"{MODULE} -> qsa_torch_shim")
+    assert replaced is orig and after is qsa_torch_shim.surface_module(args.vllm), \
+        "install() did not swap the module"
+    report("install() swaps the module name", True, f"{MODULE} -> {after.__name__}")
     for name, fn, kind in calls:
         want = reference[name]
         if isinstance(want, str):
@@ -223,7 +248,7 @@ def main() -> int:
     t = {n: to_torch(getattr(case, n)) for n in
          ("q", "logical_indices", "block_table", "token_to_req", "output_gate")}
     out = torch.empty_like(t["q"])
-    for label, m in (("original", orig), ("shim", qsa_torch_shim)):
+    for label, m in (("original", orig), ("shim", after)):
         res = qsa_torch_shim.measure_eager_latency(
             lambda m=m: m.qsa_sparse_paged_attention(
                 t["q"], k, v, t["logical_indices"], t["block_table"], t["token_to_req"], False,

@@ -2,10 +2,13 @@
 # Create (or reuse) the project's Python 3.12 virtualenv in .venv and install
 # the project with the extras named in $1 (comma-separated, e.g. "test" or
 # "torch,bench"). Sourced by demo.sh and test.sh; prints the venv's python.
+# Versions: the tested stack in tools/constraints.txt (QSA_CONSTRAINTS= another
+# file, or empty for pyproject.toml's ranges alone; QSA_VENV= another venv).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${QSA_VENV:-$root/.venv}
 extras=${1:-}
+constraints=${QSA_CONSTRAINTS-$root/tools/constraints.txt}
 
 find_python312() {
   # jax 0.11 ships no wheels for Python < 3.12. A pyenv shim may exist
@@ -31,11 +34,13 @@ fi
 
 spec="$root"
 [ -n "$extras" ] && spec="$root[$extras]"
-# Re-install only when pyproject.toml changed since the last install with these extras.
+# Re-install only when pyproject.toml or the constraints changed since the last install.
 stamp="$venv/.installed-$(echo "$extras" | tr ',' '_')"
-if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+pin=()
+[ -n "$constraints" ] && pin=(-c "$constraints")
+if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || { [ -n "$constraints" ] && [ "$constraints" -nt "$stamp" ]; }; then
   echo "installing qsa-jax[$extras] into $venv (log: $venv/install.log)" >&2
-  if ! "$venv/bin/python" -m pip install -q -e "$spec" >"$venv/install.log" 2>&1; then
+  if ! "$venv/bin/python" -m pip install -q "${pin[@]}" -e "$spec" >"$venv/install.log" 2>&1; then
     tail -40 "$venv/install.log" >&2
     exit 1
   fi

@@ -10,6 +10,7 @@ import jax
 from qsa_jax._implementations import REGISTRIES
 from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
+from qsa_jax.ops.sparse_attention.backward import differentiable
 from qsa_jax.ops.sparse_attention.base import (
     SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table)
 
@@ -29,9 +30,10 @@ def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"))
 def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *,
          problem: SparseAttentionProblem, implementation: str):
-    # On a mesh: one call per shard (qsa_jax/ops/_sharding.py); otherwise the plain call.
-    return _sharding.sparse_attention(_REGISTRY.run(implementation), problem, q, kv_arrays,
-                                      logical_indices, block_table, token_to_req, output_gate)
+    # A custom_vjp around the implementation's forward (gradients: backward.py); on a
+    # mesh its forward runs one call per shard (qsa_jax/ops/_sharding.py).
+    return differentiable(problem, implementation, q, kv_arrays, logical_indices, block_table,
+                          token_to_req, output_gate)
 
 
 def sparse_attention(

@@ -365,6 +365,17 @@ def merge_splits(partial_out, partial_lse):
     return jnp.where((denominator > 0)[..., None], merged / jnp.where(denominator > 0, denominator, 1.0)[..., None], 0.0)
 
 
+def merged_lse(partial_lse):
+    """Base-2 LSE of the merged softmax from the splits' LSEs [S, ...] (-inf when all
+    are empty): lse_max + log2(sum of the merge weights), the statistics the merge
+    already forms, kept for the backward pass."""
+    lse_max = jnp.max(partial_lse, axis=0)
+    has_values = lse_max > -jnp.inf
+    safe_max = jnp.where(has_values, lse_max, 0.0)
+    total = jnp.sum(jnp.exp2(partial_lse - safe_max), axis=0)
+    return jnp.where(has_values, safe_max + jnp.log2(jnp.where(has_values, total, 1.0)), -jnp.inf)
+
+
 def finish_split(acc, normalizer, running_max):
     """Normalised partial output and base-2 LSE of one split (0 / -inf when empty)."""
     has_values = normalizer > 0

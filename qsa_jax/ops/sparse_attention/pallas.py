@@ -28,7 +28,7 @@ Design choices (and why):
   pages may hold NaN and NaN * 0 = NaN.
 * K is gathered straight into a [D, BN] tile (the addresses put D on axis 0),
   so Q.K^T is a plain [M, D] x [D, BN] dot with no transpose op, and the
-  [M, BN] scores feed P.V directly. (DESIGN.md section 7 suggests K.q^T; on
+  [M, BN] scores feed P.V directly. (docs/spec.md §9 notes the suggested K.q^T; on
   sm_90 that variant needs a shared-memory round trip to transpose the
   probabilities every tile -- see notes/pallas.md.)
 """
@@ -45,7 +45,7 @@ from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, MASKED_SCORE, SparseAttentionProblem, head_row_stride)
 
-# Triton's software pipelining of the tile loop. DESIGN.md section 7: 3 stages
+# Triton's software pipelining of the tile loop. docs/spec.md §9: 3 stages
 # were always worse than 2 on Hopper; the originals use 2.
 DEFAULT_NUM_STAGES = 2
 
@@ -168,13 +168,17 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     has_values = norm > 0
     safe_norm = jnp.maximum(norm, 1.0e-20)
     out = jnp.where(has_values[:, None], acc / safe_norm[:, None], 0.0)
+    lse = jnp.where(has_values, run_max + jnp.log2(safe_norm), -jnp.inf)
     if one_split:
-        (o_ref,) = out_refs
+        o_ref, *residual_refs = out_refs
         gate = gate_ref[q_rows, :].astype(jnp.float32)
         o_ref[q_rows, :] = _gated(out, gate)
+        if residual_refs:  # kept for the backward pass (backward.py)
+            attn_ref, lse_out_ref = residual_refs
+            attn_ref[q_rows, :] = out.astype(jnp.bfloat16)
+            lse_out_ref[q_rows] = lse
     else:
         part_ref, lse_ref = out_refs
-        lse = jnp.where(has_values, run_max + jnp.log2(safe_norm), -jnp.inf)
         part_ref[split, q_rows, :] = out
         lse_ref[split, q_rows] = lse
 
@@ -202,7 +206,8 @@ def _gated(attention, gate_fp32):
     return (rounded * (1.0 / (1.0 + jnp.exp(-gate_fp32)))).astype(jnp.bfloat16)
 
 
-def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_s: int, block_d: int):
+def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits: int, block_s: int,
+                  block_d: int):
     # One program per (row * H + head, D chunk): weights exp2(lse - max lse) over splits.
     qrow = pl.program_id(0)
     cols = pl.ds(pl.program_id(1) * block_d, block_d)
@@ -222,25 +227,38 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *, num_splits: int, block_
     merged = jnp.where(denominator > 0, merged / jnp.where(denominator > 0, denominator, 1.0), 0.0)
     gate = gate_ref[qrow, cols].astype(jnp.float32)
     o_ref[qrow, cols] = _gated(merged, gate)
+    if residual_refs:  # for the backward pass; every D chunk stores the same LSE
+        attn_ref, lse_out_ref = residual_refs
+        attn_ref[qrow, cols] = merged.astype(jnp.bfloat16)
+        lse_out_ref[qrow] = jnp.where(
+            denominator > 0, lse_max + jnp.log2(jnp.where(denominator > 0, denominator, 1.0)), -jnp.inf)
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
         token_to_req, output_gate, *, prefetch: bool | None = None, merge_block_d: int | None = None,
-        merge_warps: int | None = None):
+        merge_warps: int | None = None, residuals: bool = False):
+    """bf16 [rows, H, D]; with ``residuals`` (for backward.py) also the ungated attention
+    in bf16 [rows, H, D] and the merged base-2 LSE [rows, H] fp32, written by the same
+    kernels as extra outputs (the gated output is computed exactly as without them)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     if rows == 0:
-        return jnp.zeros((0, heads, d), jnp.bfloat16)
+        out = jnp.zeros((0, heads, d), jnp.bfloat16)
+        return (out, out, jnp.zeros((0, heads), jnp.float32)) if residuals else out
     result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                          prefetch=prefetch)
+                          prefetch=prefetch, residuals=residuals)
     if p.config.num_splits == 1:
+        if residuals:
+            out, attention, lse = result
+            return out.reshape(rows, heads, d), attention.reshape(rows, heads, d), lse.reshape(rows, heads)
         return result.reshape(rows, heads, d)
     partial, lse = result
-    return merge_kernel(p, partial, lse, output_gate, block_d=merge_block_d, num_warps=merge_warps)
+    return merge_kernel(p, partial, lse, output_gate, block_d=merge_block_d, num_warps=merge_warps,
+                        residuals=residuals)
 
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                 token_to_req, output_gate, *, prefetch: bool | None = None):
+                 token_to_req, output_gate, *, prefetch: bool | None = None, residuals: bool = False):
     """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
     fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``.
 
@@ -264,6 +282,8 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     one_split = num_splits == 1
     if one_split:
         out_shape = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
+        if residuals:
+            out_shape = (out_shape, out_shape, jax.ShapeDtypeStruct((rows * heads,), jnp.float32))
     else:
         out_shape = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
                      jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
@@ -278,7 +298,7 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
         out_shape=out_shape,
         grid=(rows, p.num_kv_heads, num_splits),
         in_specs=[pl.no_block_spec] * 7,
-        out_specs=pl.no_block_spec if one_split else (pl.no_block_spec, pl.no_block_spec),
+        out_specs=jax.tree.map(lambda _: pl.no_block_spec, out_shape),
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
         interpret=interpreted,
         name="qsa_sparse_attention",
@@ -286,7 +306,7 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
 
 
 def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_d: int | None = None,
-                 num_warps: int | None = None):
+                 num_warps: int | None = None, residuals: bool = False):
     """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials.
 
     ``block_d`` (D columns per program) and ``num_warps`` override
@@ -299,16 +319,22 @@ def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_
     block_d = block_d or pallas_merge_block_d(rows * heads, d)
     if d % block_d:
         raise ValueError(f"merge block_d={block_d} must divide head_dim={d}")
+    out_shape = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
+    if residuals:  # + ungated attention (bf16) and merged LSE, for the backward pass
+        out_shape = (out_shape, out_shape, jax.ShapeDtypeStruct((rows * heads,), jnp.float32))
     merged = pl.pallas_call(
         functools.partial(_merge_kernel, num_splits=num_splits, block_s=next_pow2(num_splits),
                           block_d=block_d),
-        out_shape=jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16),
+        out_shape=out_shape,
         grid=(rows * heads, d // block_d),
         in_specs=[pl.no_block_spec] * 3,
-        out_specs=pl.no_block_spec,
+        out_specs=jax.tree.map(lambda _: pl.no_block_spec, out_shape),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or MERGE_WARPS, num_stages=1),
         interpret=interpret(),
         name="qsa_merge_splits",
     )(partial, lse, output_gate.reshape(rows * heads, d))
+    if residuals:
+        out, attention, merged_lse = merged
+        return out.reshape(rows, heads, d), attention.reshape(rows, heads, d), merged_lse.reshape(rows, heads)
     return merged.reshape(rows, heads, d)
 

@@ -17,18 +17,22 @@ from jax import lax
 
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, MASKED_SCORE, SparseAttentionProblem, entry_rows, finish_split,
-    gate_epilogue, head_row_stride, merge_splits)
+    gate_epilogue, head_row_stride, merge_splits, merged_lse)
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
-                         block_table, token_to_req, output_gate):
+                         block_table, token_to_req, output_gate, *, residuals: bool = False):
+    """The bf16 output [R, H, D]; with ``residuals`` also what the backward keeps
+    (``backward.py``): the ungated attention rounded to bf16 [R, H, D] and the
+    base-2 LSE of the merged softmax [R, H] fp32 (-inf for a row with no entry)."""
     p = problem
     cfg = p.config
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     hk, g, w = p.num_kv_heads, p.group_size, p.selection_width
     bn, splits, num_tiles = cfg.block_n, cfg.num_splits, cfg.num_tiles
     if rows == 0:
-        return jnp.zeros((0, heads, d), jnp.bfloat16)
+        out = jnp.zeros((0, heads, d), jnp.bfloat16)
+        return (out, out, jnp.zeros((0, heads), jnp.float32)) if residuals else out
     kv = p.kv
 
     # Tiles a row consumes: ceil(min(count, W) / block_n), capped at num_tiles;
@@ -92,11 +96,16 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
 
     out, lse = finish_split(acc, norm, run_max)  # [R,S,Hk,G,D], [R,S,Hk,G]
     if splits == 1:
-        attention = out[:, 0]
+        attention, lse = out[:, 0], lse[:, 0]
     else:
-        attention = merge_splits(jnp.moveaxis(out, 1, 0), jnp.moveaxis(lse, 1, 0))
+        lse = jnp.moveaxis(lse, 1, 0)
+        attention = merge_splits(jnp.moveaxis(out, 1, 0), lse)
+        lse = merged_lse(lse)
     attention = attention.reshape(rows, heads, d)
-    return gate_epilogue(attention, output_gate.reshape(rows, heads, d))
+    gated = gate_epilogue(attention, output_gate.reshape(rows, heads, d))
+    if residuals:
+        return gated, attention.astype(jnp.bfloat16), lse.reshape(rows, heads)
+    return gated
 
 
 def why_not() -> str | None:

@@ -1,0 +1,218 @@
+"""Speed and memory of the sparse-attention gradients (issue 16).
+
+    python -m bench.backward [--tp TP1] [--rows 1024,2048] [--out DIR] [--variants 32:4,16:4]
+
+Per (geometry, rows), on one set of fresh inputs at the real shapes (GPU; CPU runs
+reduced sizes as a smoke test, see ``bench.inputs.geometry``):
+
+* ``forward``: the Pallas forward alone (what inference runs);
+* ``backward``: the Pallas backward alone (``backward_pallas.pallas_backward``: the
+  XLA pre-pass, the kernel, the bf16 conversion of the fp32 accumulators), from
+  residuals computed beforehand;
+* ``grad pallas``: ``jax.grad`` through ``sparse_attention(implementation="pallas")``
+  (the residual forward + the backward);
+* ``grad xla``: the same with ``implementation="xla"`` (the XLA reference forward
+  and the XLA backward of backward.py);
+* ``grad xla autodiff`` (``--autodiff``): JAX's own reverse mode through the XLA
+  reference forward, with no custom VJP (what existed before this issue);
+* each ``--variants`` entry ``block_n:num_warps[:splits]``: the backward alone with
+  that launch (same gradient up to the atomics' summation order);
+* ``--relaxed-atomics``: the backward alone with its fp32 atomics lowered with relaxed
+  memory order instead of Pallas's fixed acquire-release (an experiment: it patches
+  a private default of JAX's Triton lowering while that step compiles; accumulation
+  needs atomicity only, the kernel boundary orders the readers).
+
+Columns: GPU busy time (sum of kernel durations in a profiler trace, ``bench.
+kernel_trace``; blank on CPU), wall clock per call, XLA's temporary buffer bytes of
+the compiled function (``memory_analysis``: a [rows, H, W] fp32 tensor would show
+here) and the device's ``peak_bytes_in_use`` after the step (monotonic over the run:
+the steps run in the order above). Targets (issue 16): backward <= 2.5x forward at
+>= 1024 programs (rows x KV heads); grad pallas >= 5x faster than grad xla.
+Writes ``backward.json`` and ``backward.md`` to ``--out`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+REPS = 5
+
+
+def _measure(fn, args, reps: int) -> dict:
+    from bench import kernel_trace
+
+    compiled = jax.jit(fn).lower(*args).compile()
+    mem = compiled.memory_analysis()
+    jax.block_until_ready(compiled(*args))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = compiled(*args)
+    jax.block_until_ready(out)
+    wall = (time.perf_counter() - t0) / reps
+    trace = kernel_trace.trace_runs(lambda: compiled(*args), runs=reps, calls_per_run=1,
+                                    wait=jax.block_until_ready)
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"wall_us": wall * 1e6,
+            "busy_us": trace.busy_us_per_call if trace else None,
+            "kernels": trace.describe(4) if trace else "",
+            "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
+
+
+class _relaxed:
+    """Marks a step whose compilation runs with relaxed-order Triton atomics."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _with_relaxed_atomics(compile_step):
+    from jax._src.pallas.triton import lowering
+    from jax._src.lib.triton import dialect as tt_dialect
+
+    saved = lowering._atomic_rmw.__defaults__
+    mask, _, scope = saved
+    lowering._atomic_rmw.__defaults__ = (mask, tt_dialect.MemSemantic.RELAXED, scope)
+    try:
+        return compile_step()
+    finally:
+        lowering._atomic_rmw.__defaults__ = saved
+
+
+def _variant(text: str) -> dict:
+    parts = [int(x) for x in text.split(":")]
+    keys = ("block_n", "num_warps", "num_splits")
+    return dict(zip(keys, parts))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tp", default="TP1")
+    ap.add_argument("--rows", default=None, help="default: 64,1024,2048 on GPU, 4,16 on CPU")
+    ap.add_argument("--reps", type=int, default=REPS)
+    ap.add_argument("--pool-gb", type=float, default=1.0)
+    ap.add_argument("--variants", default="", help="comma-separated block_n:num_warps[:splits]")
+    ap.add_argument("--relaxed-atomics", action="store_true",
+                    help="also time the backward with relaxed-order atomics (see the docstring)")
+    ap.add_argument("--autodiff", action="store_true", help="also time JAX's autodiff of the XLA forward")
+    ap.add_argument("--no-xla", dest="xla", action="store_false", help="skip grad xla")
+    ap.add_argument("--out", help="folder for backward.json and backward.md")
+    a = ap.parse_args()
+
+    import qsa_jax
+    from bench import inputs
+    from qsa_jax.ops.sparse_attention import backward as B
+    from qsa_jax.ops.sparse_attention import xla as xla_impl
+    from qsa_jax.ops.sparse_attention.api import _plan
+    from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
+    from qsa_testing import cases as C
+
+    gpu = jax.default_backend() == "gpu"
+    rows_list = [int(r) for r in (a.rows or ("64,1024,2048" if gpu else "4,16")).split(",")]
+    variants = [(v, _variant(v)) for v in a.variants.split(",") if v]
+    results, lines = [], [
+        "| geometry | rows | programs | step | busy µs | wall µs | x forward (busy) | temp MB | "
+        "peak MB | top kernels (mean µs) |", "|" + "---|" * 10]
+    for tp in a.tp.split(","):
+        geo = inputs.geometry(tp, cpu=not gpu, pool_gb=a.pool_gb)
+        _, kv = inputs.make_pool(geo, gpu=False, seed=3)
+        for rows in rows_list:
+            inp = inputs.sparse_inputs(geo, rows, 1, seed=rows)
+            li = inp.idx[0]
+            base = (inp.q, kv, li, inp.block_table, inp.token_to_req, inp.gate)
+            problem, _ = _plan(*base, use_prefill_config=False, config=None, implementation="pallas")
+            ct = jnp.asarray(C.bf16_random(__import__("numpy").random.default_rng(rows), inp.q.shape))
+
+            def grad_of(impl):
+                def loss(q, kv, g):
+                    out = qsa_jax.sparse_attention(q, kv, li, inp.block_table, inp.token_to_req, g,
+                                                   implementation=impl)
+                    return jnp.vdot(out.astype(jnp.float32), ct.astype(jnp.float32))
+                return jax.grad(loss, argnums=(0, 1, 2))
+
+            def autodiff_loss(q, kv, g):
+                out = xla_impl.run(problem, q, (kv,), li, inp.block_table, inp.token_to_req, g)
+                return jnp.vdot(out.astype(jnp.float32), ct.astype(jnp.float32))
+
+            residuals = jax.jit(lambda *x: B.forward_with_residuals(problem, "pallas", *x))(
+                inp.q, (kv,), li, inp.block_table, inp.token_to_req, inp.gate)
+            steps = [("forward", lambda q, kv, g: qsa_jax.sparse_attention(
+                        q, kv, li, inp.block_table, inp.token_to_req, g, implementation="pallas"),
+                      (inp.q, kv, inp.gate)),
+                     ("backward", lambda q, kv, g, att, lse, c: pallas_backward(
+                        problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c),
+                      (inp.q, kv, inp.gate, residuals[1], residuals[2], ct))]
+            for label, v in variants:
+                steps.append((f"backward {label}", lambda q, kv, g, att, lse, c, v=v: pallas_backward(
+                    problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c, **v),
+                    (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)))
+            if a.relaxed_atomics:
+                steps.append(("backward relaxed atomics", _relaxed(lambda q, kv, g, att, lse, c: pallas_backward(
+                    problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c)),
+                    (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)))
+            steps.append(("grad pallas", grad_of("pallas"), (inp.q, kv, inp.gate)))
+            if a.xla:
+                steps.append(("grad xla", grad_of("xla"), (inp.q, kv, inp.gate)))
+            if a.autodiff:
+                steps.append(("grad xla autodiff", jax.grad(autodiff_loss, argnums=(0, 1, 2)),
+                              (inp.q, kv, inp.gate)))
+            measured = {}
+            for name, fn, args in steps:
+                try:
+                    if isinstance(fn, _relaxed):
+                        r = _with_relaxed_atomics(lambda f=fn.fn, x=args: _measure(f, x, a.reps))
+                    else:
+                        r = _measure(fn, args, a.reps)
+                except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: report and go on
+                    r = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                measured[name] = r
+                fwd = measured["forward"].get("busy_us") or measured["forward"].get("wall_us")
+                own = r.get("busy_us") or r.get("wall_us")
+                ratio = f"{own / fwd:.2f}" if own and fwd else ""
+                mb = lambda b: "" if b is None else f"{b / 2**20:.0f}"  # noqa: E731
+                busy = "" if r.get("busy_us") is None else f"{r['busy_us']:.1f}"
+                wall = "" if r.get("wall_us") is None else f"{r['wall_us']:.1f}"
+                lines.append(f"| {tp} | {rows} | {rows * geo.num_kv_heads} | {name} | {busy} | {wall} | "
+                             f"{ratio} | {mb(r.get('temp_bytes'))} | {mb(r.get('peak_bytes_in_use'))} | "
+                             f"{r.get('kernels') or r.get('error', '')} |")
+                print(lines[-1], flush=True)
+                results.append({"geometry": tp, "rows": rows, "step": name, **r,
+                                "config": list(problem.config)})
+                _write(a, gpu, lines, results)  # after every step: a time limit keeps what is done
+    print(_write(a, gpu, lines, results))
+    return 0
+
+
+@functools.cache
+def _machine(gpu: bool) -> dict:
+    from bench import machine
+
+    return machine.describe(gpu)
+
+
+def _write(a, gpu: bool, lines: list, results: list) -> str:
+    card = jax.devices()[0].device_kind
+    text = (f"# sparse_attention gradients — {card}\n\n"
+            f"{a.reps} runs per step; busy = sum of GPU kernel durations per call (profiler trace); "
+            f"'x forward' = busy (else wall) time over the Pallas forward's; temp = XLA temporary "
+            f"buffers of the compiled step; peak = device peak_bytes_in_use so far.\n\n"
+            + "\n".join(lines) + "\n")
+    if a.out:
+        out = pathlib.Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "backward.md").write_text(text)
+        (out / "backward.json").write_text(json.dumps(
+            {"machine": _machine(gpu), "results": results}, indent=1, default=str))
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Gradients of ``sparse_attention``: the ``custom_vjp`` and the XLA backward.
+
+What is differentiated (the gradient contract)
+---------------------------------------------
+The exact function of the selected entries, per row r and query head j:
+
+    A[r, j] = sum_n p_n V_n,   p = softmax over the valid entries n of D^-0.5 q.K_n
+    out[r, j] = A[r, j] * sigmoid(gate[r, j])
+
+"Valid entries" are exactly the ones the forward attends to (same tile/count
+rule, -1 padding, request, block-table and page checks; duplicated indices count
+once per occurrence). The forward's bf16 roundings (the probabilities before
+P.V, the attention before the gate, the output) are treated as the identity
+(straight-through): the backward is the derivative of the exact function,
+evaluated at the forward's operands. Cotangents: q, the K/V cache (either
+layout; rows that no valid entry selects get exactly 0) and output_gate, in the
+inputs' dtype with fp32 accumulation; the integer metadata gets none (float0).
+
+Residuals. The forward, run under differentiation, also returns the base-2
+log-sum-exp of the merged softmax per (row, query head) [R, H] fp32 -- the
+statistics it already forms (the one-split kernel's running max + log2 of its
+normaliser; the merge's max LSE + log2 of its weight sum) -- and the ungated
+attention rounded to bf16 [R, H, D]. The gated output is computed exactly as
+without them, so the forward is bit-identical with and without ``jax.grad``.
+With them the backward needs no softmax statistics pass:
+p_n = exp2(log2(e) D^-0.5 q.K_n - lse), and, as in flash attention, a pre-pass
+delta = rowsum(dA * A) with dA = dO * sigmoid(gate) gives
+dS_n = p_n (dA.V_n - delta), dq = D^-0.5 sum_n dS_n K_n, dK_n = D^-0.5 dS_n q,
+dV_n = p_n dA, dgate = dO * A * sigmoid'(gate).
+
+Implementations: ``xla_backward`` (this module; every backend, any float dtype
+including float64 -- the oracle of the tests) and the Pallas kernel
+(``backward_pallas.py``). ``implementation="xla"`` differentiates with the XLA
+backward, "pallas" with the Pallas one; "triton" keeps its own output and takes
+the residuals from a Pallas forward (one extra forward) and the Pallas backward.
+
+Transformations: ``jit`` as usual. ``vmap`` over a leading batch of any arguments
+batches the custom VJP's forward and backward rule: the XLA parts batch natively,
+and ``pallas_call``'s batching rule adds a grid dimension (which the Triton lowering
+folds into its 3-D launch grid), so each batch element keeps its own cache, config
+and results -- the same values as unbatched calls (tests/test_backward.py; lowered
+for sm_90 there too).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from qsa_jax.ops import _sharding
+from qsa_jax.ops.sparse_attention.base import (
+    LOG2_E, SparseAttentionProblem, entry_rows, head_row_stride)
+
+# Columns per step of the XLA backward's scan: bounds its gathered K/V to
+# rows x 128 x Hk x D at a time.
+XLA_CHUNK = 128
+
+
+def _registry():
+    from qsa_jax._implementations import REGISTRIES
+
+    return REGISTRIES["sparse_attention"]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def differentiable(problem: SparseAttentionProblem, implementation: str, q, kv_arrays,
+                   logical_indices, block_table, token_to_req, output_gate):
+    """``implementation``'s forward, with the gradient contract of this module (per shard on a
+    mesh: the forward outside differentiation, see qsa_jax/ops/_sharding.py)."""
+    return _sharding.sparse_attention(_registry().run(implementation), problem, q, kv_arrays,
+                                      logical_indices, block_table, token_to_req, output_gate)
+
+
+def forward_with_residuals(problem, implementation, q, kv_arrays, logical_indices, block_table,
+                           token_to_req, output_gate):
+    """(output, ungated attention bf16 [R,H,D], merged base-2 LSE [R,H] fp32)."""
+    args = (problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+    if implementation == "triton":  # its kernels keep no residuals: see the docstring
+        out = _registry().run("triton")(*args)
+        return (out,) + _registry().run("pallas")(*args, residuals=True)[1:]
+    return _registry().run(implementation)(*args, residuals=True)
+
+
+def _fwd(problem, implementation, q, kv_arrays, logical_indices, block_table, token_to_req,
+         output_gate):
+    out, attention, lse = forward_with_residuals(problem, implementation, q, kv_arrays,
+                                                 logical_indices, block_table, token_to_req,
+                                                 output_gate)
+    return out, (q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+                 attention, lse)
+
+
+def _bwd(problem, implementation, residuals, d_out):
+    q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, attention, lse = residuals
+    if implementation == "xla":
+        backward = xla_backward
+    else:
+        from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward as backward
+    dq, dkv, dgate = backward(problem, q, kv_arrays, logical_indices, block_table, token_to_req,
+                              output_gate, attention, lse, d_out)
+    return dq, dkv, None, None, None, dgate
+
+
+differentiable.defvjp(_fwd, _bwd)
+
+
+def gate_pre_pass(output_gate, attention, d_out, compute_dtype, *, delta_dtype=None):
+    """Elementwise part of the backward, over [R, H, D] only.
+
+    dA = dO * sigmoid(gate) (cotangent of the ungated attention), delta =
+    rowsum(dA * A) [R, H] (flash attention's pre-pass: sum_n p_n dA.V_n without
+    revisiting the entries) and dgate = dO * A * sigmoid'(gate). ``delta_dtype``:
+    round dA to it inside delta, for a kernel whose dA.V dots take dA in that
+    dtype -- then dS = p (dA.V - delta) cancels consistently (for a single
+    entry, exactly).
+    """
+    gate = output_gate.astype(compute_dtype).reshape(attention.shape)
+    a = attention.astype(compute_dtype)
+    do = d_out.astype(compute_dtype)
+    sig = jax.nn.sigmoid(gate)
+    d_attention = do * sig
+    rounded = d_attention if delta_dtype is None else d_attention.astype(delta_dtype).astype(compute_dtype)
+    delta = jnp.sum(rounded * a, axis=-1)
+    d_gate = do * a * sig * (1 - sig)
+    return d_attention, delta, d_gate.reshape(output_gate.shape).astype(output_gate.dtype)
+
+
+def used_columns(problem: SparseAttentionProblem, logical_indices, columns):
+    """Whether each column (int array [C]) lies in a tile the forward consumes, per row [R, C]."""
+    bn, w = problem.config.block_n, problem.selection_width
+    count = jnp.minimum(logical_indices[:, w], w)
+    tile_end = jnp.clip((count + bn - 1) // bn, 0, problem.config.num_tiles)
+    return columns[None, :] < tile_end[:, None] * bn
+
+
+def q_rows(problem: SparseAttentionProblem):
+    """[R, H] rows of the query table holding q (compact or ``StridedQuery``)."""
+    return problem.queries.row(jnp.arange(problem.num_rows)[:, None],
+                               jnp.arange(problem.num_query_heads)[None, :])
+
+
+def dq_to_table(problem: SparseAttentionProblem, q_table, dq):
+    """Cotangent of the query table from dq [R, H, D]: a reshape for a compact q, a
+    scatter into zeros for a ``StridedQuery`` (table rows that are not q get 0)."""
+    if problem.q_layout is None:
+        return dq.reshape(q_table.shape).astype(q_table.dtype)
+    d = problem.head_dim
+    table = jnp.zeros(q_table.shape, dq.dtype).reshape(-1, d)
+    return table.at[q_rows(problem).reshape(-1)].add(dq.reshape(-1, d)).reshape(
+        q_table.shape).astype(q_table.dtype)
+
+
+def kv_cotangent(problem: SparseAttentionProblem, kv_arrays, d_k_rows, d_v_rows):
+    """dK, dV as [N, D] rows of ``KVLayout.rows_view`` -> cotangents in ``kv_arrays``' layout."""
+    kv = problem.kv
+    if kv.fused:
+        both = jnp.stack([d_k_rows, d_v_rows], axis=1)  # [N, 2, D] = a fused row
+        return (both.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),)
+    return (d_k_rows.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),
+            d_v_rows.reshape(kv_arrays[1].shape).astype(kv_arrays[1].dtype))
+
+
+def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
+                 token_to_req, output_gate, attention, lse, d_out, *, chunk: int = XLA_CHUNK):
+    """Cotangents (dq table, dkv_arrays, dgate) of the exact function, in plain XLA.
+
+    Accumulates in float32 (float64 when the inputs are float64: the oracle of the
+    tests); a ``lax.scan`` walks the selection ``chunk`` columns at a time, and dK/dV
+    are scatter-added into cache-sized accumulators (duplicates add up; invalid
+    entries are sent out of bounds and dropped).
+    """
+    p = problem
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
+    hk, g, w = p.num_kv_heads, p.group_size, p.selection_width
+    kv = p.kv
+    dtype = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    d_attention, delta, d_gate = gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
+                                               d_out, dtype)
+    k_rows, v_rows = kv.rows_view(kv_arrays)
+    k_half, v_half = kv.halves
+    n = kv.num_rows
+    zero_kv = jnp.zeros((n, d), dtype)
+    if rows == 0:
+        return dq_to_table(p, q, jnp.zeros((0, heads, d), dtype)), kv_cotangent(
+            p, kv_arrays, zero_kv, zero_kv), d_gate
+
+    qg = q.reshape(-1, d)[q_rows(p)].astype(dtype).reshape(rows, hk, g, d)
+    da = d_attention.reshape(rows, hk, g, d)
+    delta = delta.reshape(rows, hk, g)
+    lse = lse.reshape(rows, hk, g).astype(dtype)
+    chunk = max(1, min(chunk, w))
+    steps = -(-w // chunk)
+    tokens = jnp.pad(logical_indices[:, :w], ((0, 0), (0, steps * chunk - w)), constant_values=-1)
+    columns = jnp.arange(steps * chunk, dtype=jnp.int32)
+    row0, valid = entry_rows(p, tokens, block_table, token_to_req)
+    valid &= used_columns(p, logical_indices, columns)
+    head_offsets = jnp.arange(hk, dtype=jnp.int32) * head_row_stride(kv)
+    scale = d ** -0.5
+    hi = lax.Precision.HIGHEST  # the oracle: no reduced-precision dots on any backend
+
+    def step(carry, xs):
+        dq, dk, dv = carry
+        row_c, valid_c = xs  # [R, C]
+        r = row_c[..., None] + head_offsets  # [R, C, Hk]
+        vmask = valid_c[..., None, None]
+        # where, never a multiply: unreferenced pages may hold NaN.
+        keys = jnp.where(vmask, k_rows[r, k_half], 0).astype(dtype)  # [R, C, Hk, D]
+        values = jnp.where(vmask, v_rows[r, v_half], 0).astype(dtype)
+        s = jnp.einsum("rkgd,rckd->rkgc", qg, keys, precision=hi) * (scale * LOG2_E)
+        smask = valid_c[:, None, None, :]
+        probs = jnp.where(smask, jnp.exp2(jnp.where(smask, s - lse[..., None], 0.0)), 0.0)
+        dp = jnp.einsum("rkgd,rckd->rkgc", da, values, precision=hi)
+        ds = probs * (dp - delta[..., None])
+        dq = dq + jnp.einsum("rkgc,rckd->rkgd", ds, keys, precision=hi) * scale
+        dk_e = jnp.einsum("rkgc,rkgd->rckd", ds, qg, precision=hi) * scale
+        dv_e = jnp.einsum("rkgc,rkgd->rckd", probs, da, precision=hi)
+        target = jnp.where(vmask[..., 0], r, n).reshape(-1)  # row n: dropped
+        dk = dk.at[target].add(dk_e.reshape(-1, d), mode="drop")
+        dv = dv.at[target].add(dv_e.reshape(-1, d), mode="drop")
+        return (dq, dk, dv), None
+
+    xs = (jnp.moveaxis(row0.reshape(rows, steps, chunk), 1, 0),
+          jnp.moveaxis(valid.reshape(rows, steps, chunk), 1, 0))
+    (dq, dk, dv), _ = lax.scan(step, (jnp.zeros((rows, hk, g, d), dtype), zero_kv, zero_kv), xs)
+    return (dq_to_table(p, q, dq.reshape(rows, heads, d)), kv_cotangent(p, kv_arrays, dk, dv),
+            d_gate)
+
+
+def exact_forward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
+                  token_to_req, output_gate):
+    """The function the backward differentiates, in the inputs' dtype with no rounding:
+    (output, attention, base-2 LSE). Dense over the selection: small cases only (tests)."""
+    p = problem
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
+    hk, g, w = p.num_kv_heads, p.group_size, p.selection_width
+    kv = p.kv
+    tokens = logical_indices[:, :w]
+    row0, valid = entry_rows(p, tokens, block_table, token_to_req)
+    valid &= used_columns(p, logical_indices, jnp.arange(w, dtype=jnp.int32))
+    r = row0[..., None] + jnp.arange(hk, dtype=jnp.int32) * head_row_stride(kv)
+    k_rows, v_rows = kv.rows_view(kv_arrays)
+    vmask = valid[..., None, None]
+    keys = jnp.where(vmask, k_rows[r, kv.halves[0]], 0)
+    values = jnp.where(vmask, v_rows[r, kv.halves[1]], 0)
+    qg = q.reshape(-1, d)[q_rows(p)].reshape(rows, hk, g, d)
+    hi = lax.Precision.HIGHEST
+    s = jnp.einsum("rkgd,rckd->rkgc", qg, keys, precision=hi) * (d ** -0.5)
+    smask = valid[:, None, None, :]
+    s = jnp.where(smask, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    safe_m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.where(smask, jnp.exp(s - safe_m), 0.0)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    attention = jnp.einsum("rkgc,rckd->rkgd", e / jnp.where(total > 0, total, 1.0), values,
+                           precision=hi).reshape(rows, heads, d)
+    lse = jnp.where(total > 0, (safe_m + jnp.log(jnp.where(total > 0, total, 1.0))) * LOG2_E,
+                    -jnp.inf)
+    out = attention * jax.nn.sigmoid(output_gate.reshape(rows, heads, d))
+    return out, attention, lse.reshape(rows, heads)

@@ -1,0 +1,201 @@
+"""Pallas backward of sparse paged attention (Triton lowering on GPU, interpreter on CPU).
+
+The gradient contract and the formulas are in ``backward.py``. Layout of the work:
+
+* XLA pre-pass over [R, H, D] only: dA = dO * sigmoid(gate), delta = rowsum(dA * A)
+  and dgate (``backward.gate_pre_pass``).
+* One kernel, one program per (row, KV head, split): like the forward it gathers the
+  K/V rows of its tiles straight out of the cache (K and V transposed, [D, BN], by
+  address) and rebuilds the probabilities from the stored LSE, p = exp2(s - lse):
+  no softmax statistics pass and nothing [rows, H, W] is ever materialised -- per
+  program the live arrays are [G, BN] and [BN, D].
+  - dq for the program's G query heads accumulates in registers over its tiles;
+    with one split it is stored, with several it is added atomically to an fp32
+    [R*H, D] buffer.
+  - dK/dV of a tile ([BN, D] each) are added with fp32 atomics into cache-sized fp32
+    accumulators at the tile's cache rows: rows that select the same token and
+    requests that share pages accumulate. Invalid entries (padding, past the count,
+    bad request/page) are masked out of the atomics, so unreferenced rows stay
+    exactly 0. Atomics make the summation order, hence the last bits of dK/dV (and
+    of dq with several splits), run-dependent on the GPU: not deterministic.
+* Padded query rows (G -> a power of two >= 16) repeat head G-1, as in the forward;
+  they are masked out of the dK/dV sums and of the dq atomics.
+
+In interpret mode Pallas's atomic add neither takes a mask nor accumulates repeated
+indices within one call, so there each entry's row is added in turn (programs run
+one after another there, so a read-modify-write is exact).
+
+Precision: dots take bf16 operands (q, K, V, and dA, p, dS rounded to bf16) with fp32
+accumulation, like the forward's P.V; the measured error against the float64 gradient
+is stated in tests/test_backward.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu
+from qsa_jax.ops.sparse_attention import backward as B
+from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, head_row_stride
+from qsa_jax.ops.sparse_attention.pallas import _load_rows
+
+# Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile.
+# Compiled for sm_90 on the CPU machine (Triton 3.6, ptxas -v; notes/backward.md) at
+# D = 256, G = 12: BN 32 / 4 warps uses 255 registers and spills, BN 32 / 8 warps 184
+# registers and no spills, BN 64 / 8 warps spills again. Tunable per call.
+DEFAULT_BLOCK_N = 32
+DEFAULT_WARPS = 8
+# Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
+TARGET_PROGRAMS = 512
+
+
+def _dot(a, b, contract):
+    """fp32-accumulated dot contracting axis ``contract[0]`` of a with ``contract[1]`` of b."""
+    return lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+def _add_rows(ref, row_index, cols, values, valid, interpreted: bool):
+    """ref[row_index[i], cols] += values[i] for every i with valid[i] (fp32)."""
+    if not interpreted:
+        mask = jnp.broadcast_to(valid[:, None], values.shape)
+        plgpu.atomic_add(ref, (row_index[:, None], cols[None, :]), values, mask=mask)
+        return
+
+    def body(i, carry):
+        r = row_index[i]
+        value = lax.dynamic_index_in_dim(values, i, keepdims=False)
+        ref[r, :] = ref[r, :] + jnp.where(valid[i], value, 0.0)
+        return carry
+
+    lax.fori_loop(0, row_index.shape[0], body, 0)
+
+
+def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delta_ref, lse_ref,
+                     end_ref, _dq_in, _dk_in, _dv_in, dq_ref, dk_ref, dv_ref, *,
+                     p: SparseAttentionProblem, block_m: int, block_n: int, num_splits: int,
+                     interpreted: bool):
+    kv = p.kv
+    d, g, heads, w = p.head_dim, p.group_size, p.num_query_heads, p.selection_width
+    bn = block_n
+    k_col, v_col = 0, (d if kv.fused else 0)
+    row, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+
+    lanes = lax.broadcasted_iota(jnp.int32, (block_m,), 0)
+    real = lanes < g  # padded lanes repeat head G-1 (see the module docstring)
+    group = jnp.minimum(lanes, g - 1)
+    q_rows = row * heads + head * g + group
+    q = q_ref[p.queries.row(row, head * g + group), :]  # [M, D] bf16
+    d_attention = da_ref[q_rows, :]  # [M, D] fp32
+    da16 = d_attention.astype(jnp.bfloat16)
+    delta = delta_ref[q_rows]
+    lse = lse_ref[q_rows]
+
+    request = req_ref[row]
+    request_ok = (request >= 0) & (request < p.num_requests)
+    safe_request = jnp.clip(request, 0, p.num_requests - 1)
+    end = end_ref[row]  # columns [0, end) are the ones the forward consumed
+    num_steps = (jnp.maximum((end + bn - 1) // bn - split, 0) + num_splits - 1) // num_splits
+    head_offset = head * head_row_stride(kv)
+    columns = lax.broadcasted_iota(jnp.int32, (bn,), 0)
+    dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
+    scale = d ** -0.5
+
+    def body(step, dq_acc):
+        cols = (split + step * num_splits) * bn + columns
+        tokens = idx_ref[row, jnp.minimum(cols, w - 1)]
+        tokens = jnp.where(cols < end, tokens, -1)
+        safe_tok = jnp.maximum(tokens, 0)
+        logical_page = lax.div(safe_tok, kv.page_size)
+        valid = request_ok & (tokens >= 0) & (logical_page < p.table_width)
+        page = bt_ref[safe_request, jnp.minimum(logical_page, p.table_width - 1)]
+        valid = valid & (page >= 0) & (page < kv.num_pages)
+        cache_row = jnp.where(
+            valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
+        # Both gathered [D, BN] by address; zeros (never NaN) where invalid.
+        keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :],
+                            not interpreted)
+        values_t = _load_rows(v_ref, cache_row[None, :], (v_col + dims)[:, None], valid[None, :],
+                              not interpreted)
+        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * (scale * LOG2_E)
+        # The stored LSE turns scores into probabilities directly (-inf LSE only
+        # for rows with no valid entry, which the where discards).
+        probs = jnp.where(valid[None, :], jnp.exp2(scores - lse[:, None]), 0.0)  # [M, BN]
+        dp = jnp.dot(da16, values_t, preferred_element_type=jnp.float32)
+        ds = probs * (dp - delta[:, None])
+        dq_acc = dq_acc + _dot(ds.astype(jnp.bfloat16), keys_t, (1, 1))  # [M, D]
+        ds_kv = jnp.where(real[:, None], ds, 0.0).astype(jnp.bfloat16)
+        p_kv = jnp.where(real[:, None], probs, 0.0).astype(jnp.bfloat16)
+        d_keys = _dot(ds_kv, q, (0, 0)) * scale  # [BN, D]
+        d_values = _dot(p_kv, da16, (0, 0))
+        _add_rows(dk_ref, cache_row, dims, d_keys, valid, interpreted)
+        _add_rows(dv_ref, cache_row, dims, d_values, valid, interpreted)
+        return dq_acc
+
+    dq = lax.fori_loop(0, num_steps, body, jnp.zeros((block_m, d), jnp.float32)) * scale
+    if num_splits == 1:
+        dq_ref[q_rows, :] = dq  # padded lanes store head G-1's identical value
+    else:
+        _add_rows(dq_ref, q_rows, dims, dq, real, interpreted)
+
+
+def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
+    tiles = -(-p.selection_width // block_n)
+    programs = max(1, p.num_rows * p.num_kv_heads)
+    return max(1, min(tiles, -(-TARGET_PROGRAMS // programs)))
+
+
+def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
+                    token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
+                    num_splits: int | None = None, num_warps: int | None = None):
+    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring."""
+    p = problem
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
+    kv = p.kv
+    d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
+                                                 d_out, jnp.float32, delta_dtype=jnp.bfloat16)
+    zero_kv = jnp.zeros((kv.num_rows, d), jnp.float32)
+    if rows == 0:
+        return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
+                B.kv_cotangent(p, kv_arrays, zero_kv, zero_kv), d_gate)
+    bn = block_n or DEFAULT_BLOCK_N
+    splits = num_splits or default_splits(p, bn)
+    interpreted = interpret()
+    w = p.selection_width
+    count = jnp.minimum(logical_indices[:, w], w)
+    fwd_bn = p.config.block_n
+    # Columns the forward consumed: whole tiles of its block_n up to the count,
+    # at most num_tiles of them (0 for a count <= 0).
+    end = jnp.minimum(jnp.clip((count + fwd_bn - 1) // fwd_bn, 0, p.config.num_tiles) * fwd_bn, w)
+    if kv.fused:
+        k_rows = v_rows = kv_arrays[0].reshape(kv.num_rows, 2 * d)
+    else:
+        k_rows = kv_arrays[0].reshape(kv.num_rows, d)
+        v_rows = kv_arrays[1].reshape(kv.num_rows, d)
+    block_m = max(16, next_pow2(p.group_size))
+    kernel = functools.partial(_backward_kernel, p=p, block_m=block_m, block_n=bn,
+                               num_splits=splits, interpreted=interpreted)
+    acc_shapes = (jax.ShapeDtypeStruct((rows * heads, d), jnp.float32),
+                  jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32),
+                  jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32))
+    dq, dk, dv = pl.pallas_call(
+        kernel,
+        out_shape=acc_shapes,
+        grid=(rows, p.num_kv_heads, splits),
+        in_specs=[pl.no_block_spec] * 13,
+        out_specs=(pl.no_block_spec,) * 3,
+        # The accumulators start as zeros and are updated in place.
+        input_output_aliases={10: 0, 11: 1, 12: 2},
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
+        interpret=interpreted,
+        name="qsa_sparse_attention_backward",
+    )(q.reshape(-1, d), k_rows, v_rows, logical_indices, block_table, token_to_req,
+      d_attention.reshape(rows * heads, d), delta.reshape(rows * heads),
+      lse.reshape(rows * heads).astype(jnp.float32), end.astype(jnp.int32),
+      jnp.zeros((rows * heads, d), jnp.float32), zero_kv, zero_kv)
+    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), B.kv_cotangent(p, kv_arrays, dk, dv),
+            d_gate)

@@ -1,0 +1,137 @@
+"""Running Triton kernels on CPU through Triton's interpreter (test support, not installed).
+
+Two users: the jax-triton kernels of this package (tests/test_triton.py) and the originals
+themselves (tests/test_originals_interpreter.py), both at reduced sizes. Triton 3.6's
+interpreter, under NumPy 2, gets four things wrong that these kernels rely on;
+``patch_interpreter`` fixes them for the current process, at test time (nothing of Triton is
+vendored or edited on disk):
+
+* a scalar tensor used as a loop bound has no ``__index__``;
+* bf16 ``tl.dot`` multiplies the raw 16-bit patterns instead of the values;
+* fp32 -> bf16 casts truncate where the GPU rounds to nearest even;
+* a comparison keeps its left operand's dtype (an fp32 0/1 array), so ``mask & (x > y)``
+  with a float ``x`` fails in NumPy (the originals' split merge does exactly that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import types
+
+import numpy as np
+
+_PATCHED = False
+
+
+def patch_interpreter() -> None:
+    """Apply the four fixes above (idempotent; affects interpreter mode only)."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    import ml_dtypes
+    import triton.language as tl
+    import triton.runtime.interpreter as ti
+
+    patch_tensor = ti._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    ti._patch_lang_tensor = patched
+
+    def as_f32(data):
+        return (np.asarray(data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+    dot = ti.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16:
+            return ti.TensorHandle(np.matmul(as_f32(a.data), as_f32(b.data), dtype=np.float32) + d.data,
+                                   d.dtype.scalar)
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    ti.InterpreterBuilder.create_dot = create_dot
+    cast = ti.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return ti.TensorHandle(np.asarray(src.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16),
+                                   dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    ti.InterpreterBuilder.cast_impl = cast_impl
+
+    def boolean(compare):
+        def create(self, lhs, rhs):
+            return ti.TensorHandle(np.asarray(compare(self, lhs, rhs).data).astype(np.bool_), tl.int1)
+        return create
+
+    for name in dir(ti.InterpreterBuilder):
+        if name.startswith(("create_icmp", "create_fcmp")):
+            setattr(ti.InterpreterBuilder, name, boolean(getattr(ti.InterpreterBuilder, name)))
+    _PATCHED = True
+
+
+@contextlib.contextmanager
+def _interpret_env():
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # read by @triton.jit when a module is executed
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def interpreted_originals() -> types.ModuleType:
+    """The originals (vLLM 0.30.0) with every kernel in Triton's interpreter.
+
+    Needs a process that imported triton with ``TRITON_INTERPRET=1`` already set (or not at
+    all yet): Triton's own library functions (``tl.zeros``, ``tl.sigmoid``, ...) are made
+    interpretable only at its import. A compiled copy of the originals already loaded in this
+    process stays as it is. Raises ``OriginalsUnavailable``.
+    """
+    from qsa_testing import originals
+
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("interpreted_originals() needs a fresh process with TRITON_INTERPRET=1 set "
+                           "before triton is imported")
+    key = originals._MODULE_NAME + "_interpreted"
+    if key in sys.modules:
+        return sys.modules[key]
+    patch_interpreter()
+    compiled = sys.modules.pop(originals._MODULE_NAME, None)
+    try:
+        with _interpret_env():
+            module = originals.load()
+    finally:
+        sys.modules.pop(originals._MODULE_NAME, None)
+        if compiled is not None:
+            sys.modules[originals._MODULE_NAME] = compiled
+    sys.modules[key] = module
+    return module
+
+
+def on_device(t):
+    """``t`` (a CPU torch tensor) as one whose ``is_cuda`` says True.
+
+    The originals' store and compress wrappers refuse non-CUDA tensors before launching; the
+    interpreter itself runs on host memory. Only that one attribute differs.
+    """
+    return t.as_subclass(_device_tensor_class())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_tensor_class():
+    import torch
+
+    class InterpretedDeviceTensor(torch.Tensor):
+        is_cuda = True
+
+    return InterpretedDeviceTensor

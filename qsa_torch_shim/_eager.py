@@ -1,0 +1,154 @@
+"""The shim's eager path: torch tensors in, JAX's jitted call, torch tensors out.
+
+Conversion, stream order and in-place writes only -- the math is qsa_jax's
+(``_jax_side``). Callers have validated the arguments (``_checks``); these
+functions are also the bodies of the torch custom ops (``_torch_ops``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qsa_torch_shim import _interop as I
+from qsa_torch_shim import _jax_side as J
+
+
+def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
+    """(JAX arrays for qsa_jax's ``kv``): the fused buffer when k/v are its views.
+
+    Both are cached imports (``_interop.PersistentImports``): the KV cache is
+    the same buffer on every call.
+    """
+    if I.fused_kv_shape(k_cache, v_cache) is not None and I.is_aligned(k_cache):
+        return (I.PERSISTENT.get((k_cache, v_cache), k_cache,
+                                 lambda: I.fused_kv_base(k_cache, v_cache)),)
+    return (I.import_arg(k_cache, "k_cache"), I.import_arg(v_cache, "v_cache"))
+
+
+def _write_back(result, dest: torch.Tensor, what: str) -> torch.Tensor:
+    """Order torch after JAX's write into ``dest``; copy if it did not land in place."""
+    alias = I.to_torch(result)  # stream handshake: torch's current stream waits for JAX
+    if alias.data_ptr() != dest.data_ptr():
+        # JAX's CPU backend ignores donation (measured, jax 0.11.2): copy back, and say so
+        # once per process there; on a GPU it would be a bug worth hearing about each time.
+        global _CPU_COPY_WARNED
+        if dest.is_cuda or not _CPU_COPY_WARNED:
+            _CPU_COPY_WARNED = _CPU_COPY_WARNED or not dest.is_cuda
+            I.warn_copy(what, "was not updated in place by JAX (buffer donation not honoured; "
+                        "JAX's CPU backend never honours it)", stacklevel=4)
+        dest.copy_(alias.view(dest.shape))
+    return dest
+
+
+_CPU_COPY_WARNED = False
+
+
+def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                                use_prefill_config, out, output_gate, implementation=None,
+                                scales=None):
+    """The eager sparse attention; ``scales``: (k_scale, v_scale) floats for an fp8
+    cache (validated), None for bf16."""
+    gate = output_gate.view_as(q)
+    if not q.shape[0]:
+        return torch.empty_like(q) if out is None else out
+    kv = _kv_arrays(k_cache, v_cache)
+    # Every input is a cached import (the same tensor objects recur each step);
+    # the stream order comes from one fresh import per call: the donated ``out``,
+    # or the fence (see ``_interop.PersistentImports``).
+    args = (I.import_query(q), kv,
+            I.import_arg(logical_indices, "logical_indices", large=False),
+            I.import_arg(block_table, "block_table", large=False),
+            I.import_arg(token_to_req, "token_to_req", large=False),
+            I.import_arg(gate, "output_gate"),
+            None if scales is None else J.scale_arrays(scales, q))
+    flag = bool(use_prefill_config)
+    if out is not None and I.is_importable(out):
+        result = J.sparse_into(I.to_jax(out), *args, use_prefill_config=flag,
+                               implementation=implementation)
+        return _write_back(result, out, "out")
+    result = I.to_torch(J.sparse_new(I.stream_fence(q.device), *args, use_prefill_config=flag,
+                                     implementation=implementation))
+    if out is None:
+        return result
+    I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
+    out.copy_(result)
+    return out
+
+
+def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> None:
+    if not rows.shape[0]:
+        return
+    slots, slot_words = I.int_words(slot_mapping.reshape(-1), "slot_mapping")
+    rows_j = I.import_arg(rows, "rows")  # cached; the donated cache's fresh import is the fence
+    if I.is_importable(cache):
+        result = J.store_into(I.to_jax(cache), slots, rows_j, slots_are_words=slot_words,
+                              implementation=implementation)
+        _write_back(result, cache, "cache")
+        return
+    I.warn_copy("cache", "is not compact/aligned, so JAX cannot update it in place")
+    work = cache.contiguous().clone()
+    result = J.store_into(I.to_jax(work), slots, rows_j, slots_are_words=slot_words,
+                          implementation=implementation)
+    cache.copy_(I.to_torch(result))
+
+
+
+def _packed_ring(cache: torch.Tensor, rope: torch.Tensor):
+    """(storage rows [Bs,S,1,width], rope element offset) when ``cache`` and ``rope``
+    are views of one packed ring (keys then 3 int64 positions per row), else None."""
+    if cache.stride(3) != 1 or rope.stride(3) != 1:
+        return None
+    if cache.untyped_storage().data_ptr() != rope.untyped_storage().data_ptr():
+        return None
+    es = cache.element_size()
+    bs, s, _, dk = cache.shape
+    width = cache.stride(1)
+    if es not in (1, 2, 4) or width < dk or (bs > 1 and cache.stride(0) != s * width):
+        return None
+    if rope.stride(1) * 8 != width * es or (bs > 1 and rope.stride(0) * 8 != s * width * es):
+        return None
+    offset_bytes = rope.storage_offset() * 8 - cache.storage_offset() * es
+    if offset_bytes < dk * es or offset_bytes % es or offset_bytes + 24 > width * es:
+        return None
+    try:
+        base = I.alias(cache, (bs, s, 1, width), (s * width, width, width, 1))
+    except RuntimeError:
+        return None
+    return base, offset_bytes // es
+
+
+def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
+                         compressor_state_block_table, token_to_req, query_start_loc,
+                         logical_positions, compressed_slots, compress_ratio, rope_cache=None,
+                         implementation=None):
+    rows = token_to_req.numel()
+    if not rows:
+        return (torch.empty((0, 1, raw_keys.shape[2]), dtype=raw_keys.dtype, device=raw_keys.device),
+                torch.empty((0, 3), dtype=torch.int64, device=raw_keys.device))
+    ring_layout = None
+    rope_words = None
+    packed = None if rope_cache is None else _packed_ring(compressor_state_cache, rope_cache)
+    if packed is not None and I.is_importable(packed[0]):
+        base, offset = packed
+        ring = I.PERSISTENT.get((base,), compressor_state_cache, lambda: base)
+        ring_layout, rope_mode = (compressor_state_cache.shape[3], offset), "packed"
+    else:
+        cs = compressor_state_cache
+        ring = I.import_arg(cs, "compressor_state_cache")
+        rope_mode = "none"
+        if rope_cache is not None:
+            rope_words, _ = I.int_words(rope_cache, "rope_cache")
+            rope_mode = "separate"
+    positions, _ = I.int_words(raw_positions, "raw_positions")
+    bt, bt_w = I.int_words(compressor_state_block_table, "compressor_state_block_table")
+    ttr, ttr_w = I.int_words(token_to_req.reshape(-1), "token_to_req")
+    qsl, qsl_w = I.int_words(query_start_loc, "query_start_loc")
+    lp, lp_w = I.int_words(logical_positions, "logical_positions")
+    slots, cs_w = I.int_words(compressed_slots, "compressed_slots")
+    pooled, first = J.compress(
+        I.stream_fence(raw_keys.device), I.import_arg(raw_keys, "raw_keys"), positions, ring, rope_words, bt, ttr, qsl,
+        lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
+        words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
+        implementation=implementation)
+    return I.to_torch(pooled), I.words_to_int64_tensor(first)
+

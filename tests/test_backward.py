@@ -1,0 +1,311 @@
+"""Gradients of sparse_attention (backward.py, backward_pallas.py) on CPU.
+
+References: the float64 gradient of the exact function (``backward.exact_forward``,
+differentiated by JAX in float64 and checked itself against central finite
+differences), and hand-computed cases for duplicates and shared pages.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import qsa_jax
+from qsa_jax.ops.sparse_attention import backward as B
+from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+from qsa_jax.config import SparseAttentionConfig
+from qsa_testing import cases as C
+
+IMPLS = ("xla", "pallas")  # pallas: interpret mode on CPU
+
+
+def _case(seed=0, rows=6, heads=4, hk=2, d=16, page=8, blocks=6, context=48, requests=2, edges=True):
+    rng = np.random.default_rng(seed)
+    case = C.sparse_attention_case(rng, rows=rows, num_query_heads=heads, num_kv_heads=hk,
+                                   head_dim=d, page_size=page, selection_blocks=blocks,
+                                   context_tokens=context, num_requests=requests)
+    if edges:
+        C.add_edge_rows(rng, case)
+    return case, rng
+
+
+def _meta(case):
+    return tuple(jnp.asarray(a) for a in (case.logical_indices, case.block_table, case.token_to_req))
+
+
+def _problem(case, config=None):
+    return check_sparse_attention_args(
+        case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
+        case.output_gate, use_prefill_config=False, config=config)
+
+
+def _vjp(case, impl, ct, config=None, layout="fused"):
+    li, bt, tr = _meta(case)
+    kv = jnp.asarray(case.kv_cache) if layout == "fused" else tuple(map(jnp.asarray, case.split_caches()))
+
+    def f(q, kv, g):
+        return qsa_jax.sparse_attention(q, kv, li, bt, tr, g, config=config, implementation=impl)
+
+    out, vjp = jax.vjp(f, jnp.asarray(case.q), kv, jnp.asarray(case.output_gate))
+    return out, vjp(jnp.asarray(ct))
+
+
+def _exact_grads(case, ct, config=None):
+    """float64 (dq, dkv fused, dgate) of the exact function at the case's inputs."""
+    p = _problem(case, config)
+    li, bt, tr = _meta(case)
+    with jax.enable_x64(True):
+        f64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
+        q, kv, g, c = f64(case.q), f64(case.kv_cache), f64(case.output_gate), f64(ct)
+
+        def loss(q, kv, g):
+            return jnp.sum(B.exact_forward(p, q, (kv,), li, bt, tr, g)[0] * c)
+
+        return tuple(np.asarray(x) for x in jax.grad(loss, argnums=(0, 1, 2))(q, kv, g))
+
+
+def _rel(x, ref):
+    x = np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+    return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+def test_exact_gradient_matches_finite_differences_and_xla_backward_float64():
+    case, rng = _case(seed=1)
+    case = C.poison_unreferenced(case)
+    p = _problem(case)
+    li, bt, tr = _meta(case)
+    ct = rng.standard_normal(case.q.shape)
+    with jax.enable_x64(True):
+        q, kv, g = (jnp.asarray(np.asarray(x, np.float64)) for x in (case.q, case.kv_cache, case.output_gate))
+        # NaN rows are unreferenced: finite differences need a finite cache, so
+        # poisoning is checked separately below; here the NaNs become zeros.
+        kv = jnp.where(jnp.isnan(kv), 0.0, kv)
+        c = jnp.asarray(ct)
+        loss = lambda q, kv, g: jnp.sum(B.exact_forward(p, q, (kv,), li, bt, tr, g)[0] * c)
+        auto = jax.grad(loss, argnums=(0, 1, 2))(q, kv, g)
+        _, attention, lse = B.exact_forward(p, q, (kv,), li, bt, tr, g)
+        dq, (dkv,), dg = B.xla_backward(p, q, (kv,), li, bt, tr, g, attention, lse, c, chunk=7)
+        for mine, ref in zip((dq, dkv, dg), auto):
+            np.testing.assert_allclose(np.asarray(mine), np.asarray(ref), rtol=1e-9, atol=1e-12)
+        # Central differences along random directions, float64.
+        for _ in range(3):
+            us = [jnp.asarray(rng.standard_normal(x.shape)) for x in (q, kv, g)]
+            eps = 1e-6
+            plus = loss(q + eps * us[0], kv + eps * us[1], g + eps * us[2])
+            minus = loss(q - eps * us[0], kv - eps * us[1], g - eps * us[2])
+            fd = (plus - minus) / (2 * eps)
+            analytic = sum(jnp.vdot(a, u) for a, u in zip((dq, dkv, dg), us))
+            assert abs(float(fd) - float(analytic)) <= 1e-7 * max(1.0, abs(float(analytic)))
+
+
+# Bars: err(impl) <= factor x err(floor), the floor being the float64 gradient
+# rounded once to bf16; relative Frobenius errors, per cotangent. Measured on CPU
+# (two seeds, both configs below): xla dq 1.05-1.09x, dkv 1.01-1.03x; pallas
+# (interpret mode: bf16 dot operands emulated exactly) dq 1.79-1.90x, dkv
+# 1.74-1.83x -- its dots round dA, p and dS to bf16 like flash attention; dgate
+# 1.40-1.92x for both (more cases), because it is formed from the forward's
+# attention (the residual), which carries the forward's own error (~1.5x the
+# floor: bf16 probabilities in P.V, DESIGN.md section 5) plus its bf16 rounding.
+BF16_BAR = {"xla": {"q": 1.15, "kv": 1.15, "gate": 2.3},
+            "pallas": {"q": 2.1, "kv": 2.1, "gate": 2.3}}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("config", [None, (16, 1, 4, 3)], ids=["table", "splits3"])
+def test_bf16_gradients_against_the_floor(impl, config):
+    case, rng = _case(seed=2, rows=4, heads=12, hk=2, d=32, blocks=12, context=64)
+    case = C.poison_unreferenced(case, SparseAttentionConfig(*config) if config else None)
+    ct = C.bf16_random(rng, case.q.shape)
+    out, grads = _vjp(case, impl, ct, config=config)
+    exact = _exact_grads(case, ct, config)
+    referenced = C.referenced_rows(case, SparseAttentionConfig(*config) if config else None)
+    for name, mine, ref in zip(("q", "kv", "gate"), grads, exact):
+        mine32 = np.asarray(mine.astype(jnp.float32))
+        assert mine.dtype == jnp.bfloat16 and not np.isnan(mine32).any(), name
+        floor = _rel(jnp.asarray(ref, jnp.bfloat16), ref)
+        err = _rel(mine, ref)
+        assert err <= BF16_BAR[impl][name] * floor, (name, err, floor, err / floor)
+        assert np.array_equal(mine32 == 0, ref == 0) or name == "kv", name
+    dkv = np.asarray(grads[1].astype(jnp.float32))
+    # Unreferenced cache rows (NaN in the input): exactly zero gradient.
+    assert (dkv.transpose(0, 2, 1, 3)[~referenced] == 0).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_forward_bit_identical_under_grad_and_layouts_agree(impl):
+    case, rng = _case(seed=3, rows=4)
+    for config in (None, (16, 1, 4, 3)) if impl == "xla" else ((16, 1, 4, 3),):
+        li, bt, tr = _meta(case)
+        plain = qsa_jax.sparse_attention(case.q, case.kv_cache, li, bt, tr, case.output_gate,
+                                         config=config, implementation=impl)
+        ct = C.bf16_random(rng, case.q.shape)
+        out, fused = _vjp(case, impl, ct, config=config)
+        assert np.array_equal(np.asarray(out).view(np.uint16), np.asarray(plain).view(np.uint16))
+        _, split = _vjp(case, impl, ct, config=config, layout="split")
+        d = case.head_dim
+        dk, dv = (np.asarray(x.astype(jnp.float32)) for x in split[1])
+        dkv = np.asarray(fused[1].astype(jnp.float32)).transpose(0, 2, 1, 3)
+        if impl == "xla":  # same sums in the same order
+            assert np.array_equal(dkv[..., :d], dk) and np.array_equal(dkv[..., d:], dv)
+        else:
+            np.testing.assert_allclose(dkv[..., :d], dk, rtol=2e-2, atol=1e-3)
+            np.testing.assert_allclose(dkv[..., d:], dv, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_duplicates_and_shared_pages_accumulate(impl):
+    """Hand-made: every row selects one token twice (p = 1/2 each, so dV[t] = dA); two
+    requests map their page 0 to the same physical page and select the same token."""
+    rng = np.random.default_rng(4)
+    d, page = 16, 4
+    kv = C.bf16_random(rng, (3, 1, page, 2 * d))
+    li = np.array([[1, 1, 2], [1, 1, 2], [1, 1, 2]], np.int32)
+    bt = np.array([[2], [2], [0]], np.int32)  # requests 0 and 1 share physical page 2
+    tr = np.array([0, 1, 2], np.int32)
+    q = C.bf16_random(rng, (3, 1, d))
+    gate = C.bf16_random(rng, (3, 1, d))
+    ct = C.bf16_random(rng, (3, 1, d))
+
+    def f(kv):
+        return qsa_jax.sparse_attention(q, kv, li, bt, tr, gate, implementation=impl)
+
+    _, vjp = jax.vjp(f, jnp.asarray(kv))
+    (dkv,) = vjp(jnp.asarray(ct))
+    dkv = np.asarray(dkv.astype(jnp.float32))
+    da = ct.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64)))  # dO * sigmoid(gate)
+    np.testing.assert_allclose(dkv[2, 0, 1, d:], da[0, 0] + da[1, 0], rtol=1e-2, atol=1e-3)
+    np.testing.assert_allclose(dkv[0, 0, 1, d:], da[2, 0], rtol=1e-2, atol=1e-3)
+    # A single selected token has p = 1: its key gets no gradient (softmax of one).
+    assert np.abs(dkv[..., :d]).max() <= 1e-4 * np.abs(dkv[..., d:]).max()
+    touched = np.zeros((3, page), bool)
+    touched[2, 1] = touched[0, 1] = True
+    assert (dkv[:, 0][~touched] == 0).all()
+
+
+def _loss(impl):
+    def loss(q, kv, li, bt, tr, g):
+        return jnp.sum(qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation=impl)
+                       .astype(jnp.float32) ** 2)
+    return loss
+
+
+def _args(seed, rows=6):
+    case, _ = _case(seed=seed, rows=rows, edges=False)
+    return case, (jnp.asarray(case.q), jnp.asarray(case.kv_cache)) + _meta(case) + (
+        jnp.asarray(case.output_gate),)
+
+
+def test_metadata_gets_float0_and_jit():
+    _, args = _args(5)
+    loss = _loss("xla")
+    grads = jax.jit(jax.grad(loss, argnums=range(6), allow_int=True))(*args)
+    assert [x.dtype for x in grads[2:5]] == [jax.dtypes.float0] * 3
+    eager = jax.grad(loss, argnums=(0, 1, 5))(*args)
+    for a, b in zip(eager, (grads[0], grads[1], grads[5])):
+        assert np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_vmap_equals_per_example_gradients(impl):
+    """vmap over a leading batch of every argument (each element its own cache and
+    metadata) gives each element's own gradient."""
+    case, args = _args(5, rows=3)
+    loss = _loss(impl)
+    # Element 1: rows reversed, a different cache.
+    other = (args[0][::-1], args[1][::-1], args[2][::-1], args[3], args[4][::-1], args[5][::-1])
+    batched = tuple(jnp.stack([a, b]) for a, b in zip(args, other))
+    got = jax.vmap(jax.grad(loss, argnums=(0, 1, 5)))(*batched)
+    for b, example in enumerate((args, other)):
+        want = jax.grad(loss, argnums=(0, 1, 5))(*example)
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(x[b].astype(jnp.float32)),
+                                          np.asarray(y.astype(jnp.float32)))
+
+
+def test_strided_query_gradient_lands_in_its_columns():
+    case, rng = _case(seed=6, edges=False)
+    d, heads, hk = case.head_dim, case.q.shape[1], case.num_kv_heads
+    qkv, start = C.qkv_with_query(case.q, hk, leading_heads=1)
+    li, bt, tr = _meta(case)
+    ct = jnp.asarray(C.bf16_random(rng, case.q.shape))
+
+    def strided(table):
+        sq = qsa_jax.StridedQuery.from_columns(table, start=start, num_heads=heads, head_dim=d)
+        return jnp.vdot(qsa_jax.sparse_attention(sq, case.kv_cache, li, bt, tr, case.output_gate,
+                                                 implementation="xla").astype(jnp.float32), ct)
+
+    def compact(q):
+        return jnp.vdot(qsa_jax.sparse_attention(q, case.kv_cache, li, bt, tr, case.output_gate,
+                                                 implementation="xla").astype(jnp.float32), ct)
+
+    d_table = np.asarray(jax.grad(strided)(jnp.asarray(qkv)).astype(jnp.float32))
+    dq = np.asarray(jax.grad(compact)(jnp.asarray(case.q)).astype(jnp.float32))
+    cols = slice(start, start + heads * d)
+    np.testing.assert_array_equal(d_table[:, cols], dq.reshape(dq.shape[0], -1))
+    rest = np.ones(d_table.shape[1], bool)
+    rest[cols] = False
+    assert (d_table[:, rest] == 0).all()
+
+
+def test_pallas_backward_lowers_to_triton_for_sm90(monkeypatch):
+    """Without a GPU: lower jax.grad (fused and split layouts, and under vmap) through the
+    Triton path for CUDA, as if on an H100/H200 -- catches ops the Triton lowering lacks.
+    (Compiling the Triton IR to PTX needs the GPU: tests/test_gpu_backward.py.)"""
+    import types
+
+    from jax._src.pallas.triton import pallas_call_registration as registration
+
+    from qsa_jax.ops.sparse_attention import backward_pallas, pallas
+
+    monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info",
+                        lambda: types.SimpleNamespace(compute_capability=90))
+    monkeypatch.setattr(backward_pallas, "interpret", lambda: False)
+    monkeypatch.setattr(pallas, "interpret", lambda: False)
+    case, _ = _case(seed=8, rows=2, heads=24, hk=2, d=256, page=64, blocks=40, context=256, edges=False)
+    li, bt, tr = _meta(case)
+    q = jax.ShapeDtypeStruct(case.q.shape, jnp.bfloat16)
+    fused = jax.ShapeDtypeStruct(case.kv_cache.shape, jnp.bfloat16)
+    nb, hk, page, d2 = case.kv_cache.shape
+    half = jax.ShapeDtypeStruct((nb, page, hk, d2 // 2), jnp.bfloat16)
+
+    def loss(q, kv, g):
+        out = qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation="pallas")
+        return jnp.sum(out.astype(jnp.float32))
+
+    def export(fn, *args):
+        checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+        text = jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
+        assert "qsa_sparse_attention_backward" in text
+
+    export(jax.grad(loss, argnums=(0, 1, 2)), q, fused, q)
+    export(jax.grad(lambda q, k, v, g: loss(q, (k, v), g), argnums=(0, 1, 2, 3)), q, half, half, q)
+    batch = lambda s: jax.ShapeDtypeStruct((2,) + s.shape, s.dtype)  # noqa: E731
+    export(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), batch(q), batch(fused), batch(q))
+
+
+@pytest.mark.slow  # ~14 s, nearly all of it compiling the interpreted kernels
+def test_bench_backward_cpu_smoke(tmp_path, monkeypatch):
+    """bench.backward runs end to end on CPU (interpret mode, reduced sizes) and writes
+    its JSON and table."""
+    import json
+    import sys
+
+    from bench import backward as bench_backward
+    from bench import inputs
+
+    from qsa_jax import arg_specs
+
+    # Smaller than the benchmark's own CPU sizes (D = 32, W = 35, a 16-page pool):
+    # compiling the interpreted kernels is most of the time.
+    for name, value in (("CPU_BLOCKS", 8), ("CPU_CONTEXT", 512), ("CPU_POOL_PAGES", 16)):
+        monkeypatch.setattr(inputs, name, value)
+    monkeypatch.setitem(arg_specs.GEOMETRIES, "TP4", arg_specs.TP4._replace(head_dim=32))
+    monkeypatch.setattr(sys, "argv", ["backward", "--tp", "TP4", "--rows", "1", "--reps", "1",
+                                      "--no-xla", "--out", str(tmp_path)])
+    assert bench_backward.main() == 0
+    records = json.loads((tmp_path / "backward.json").read_text())["results"]
+    assert [r["step"] for r in records] == ["forward", "backward", "grad pallas"]
+    assert all(r["wall_us"] > 0 and r["busy_us"] is None for r in records)  # no GPU: no trace
+    assert "| TP4 | 1 | 1 | backward |" in (tmp_path / "backward.md").read_text()

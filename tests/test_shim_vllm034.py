@@ -1,0 +1,240 @@
+"""The shim against vLLM 0.34.0's surface: fp8 caches and scales, signatures of both
+versions, install() beside either version.
+
+Exception parity runs against the live 0.34.0 originals on CPU (their checks run
+before any launch). fp8 results are checked against qsa_jax called directly on the
+same arrays (the shim only converts); tests that need qsa_jax's fp8 support skip
+until ``qsa_jax.sparse_attention`` takes ``k_scale``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import qsa_jax
+import qsa_torch_shim as S
+from qsa_torch_shim import _interop as I
+from qsa_torch_shim import _jax_side as J
+from qsa_testing import golden, originals
+from qsa_testing.torch_interop import kv_views, to_numpy, to_torch
+
+JAX_HAS_FP8 = "k_scale" in inspect.signature(qsa_jax.sparse_attention).parameters
+needs_jax_fp8 = pytest.mark.skipif(not JAX_HAS_FP8, reason="qsa_jax.sparse_attention has no k_scale yet")
+PUBLIC = ("qsa_sparse_paged_attention", "qsa_compress_groups_with_ratio", "qsa_store_cache_rows",
+          "warmup_qsa_sparse_paged_attention", "_select_config")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cpu_donation():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not updated in place.*", category=S.ShimCopyWarning)
+        yield
+
+
+def _fp8_args(dtype=torch.float8_e4m3fn, name="tp1_r16_s16"):
+    """A golden case's inputs with its fused cache quantised to e4m3 (uint8: the same bytes),
+    and NaN-free random scales of the kind a checkpoint carries."""
+    case = next(c for c, _ in golden.sparse_attention_cases() if c.name == name)
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    kv = t(case.kv_cache).float().mul_(4).to(torch.float8_e4m3fn)  # spread over e4m3's range
+    if dtype == torch.uint8:
+        kv = kv.view(torch.uint8)
+    k, v = kv_views(kv, case.head_dim)
+    return kv, [t(case.q), k, v, t(case.logical_indices), t(case.block_table),
+                t(case.token_to_req), case.use_prefill_config], t(case.output_gate)
+
+
+def _call(fn, args, gate, out=None, k_scale=None, v_scale=None):
+    return fn(*args, out, k_scale, v_scale, output_gate=gate)
+
+
+# --- signatures and install ---------------------------------------------------------------
+
+@pytest.mark.parametrize("version", originals.VERSIONS)
+@pytest.mark.parametrize("name", PUBLIC)
+def test_signature_matches_the_original(version, name):
+    """Every parameter of the original, in its place, kind and default; the shim's extras
+    (``implementation``, warmup's ``rows``...) only keyword-only with defaults."""
+    orig = originals.load_or_skip(version)
+    want = list(inspect.signature(getattr(orig, name)).parameters.values())
+    got = list(inspect.signature(getattr(S.surface_module(version), name)).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in got[:len(want)]] == \
+        [(p.name, p.kind, p.default) for p in want]
+    for extra in got[len(want):]:
+        assert extra.kind is inspect.Parameter.KEYWORD_ONLY and extra.default is not inspect.Parameter.empty, extra
+
+
+@pytest.mark.parametrize("version,surface", [("0.30.0", "qsa_torch_shim.vllm_0_30"),
+                                             ("0.30.2", "qsa_torch_shim.vllm_0_30"),
+                                             ("0.34.0", "qsa_torch_shim"),
+                                             ("0.31.0", "qsa_torch_shim")])
+def test_install_puts_the_installed_versions_surface(version, surface):
+    name = "qsa_test_fake_vllm.ops.qsa"
+    sentinel = object()
+    sys.modules[name] = sentinel
+    try:
+        assert S.install(name, vllm_version=version) is sentinel
+        module = importlib.import_module(name)
+        assert module.__name__ == surface
+        assert module.qsa_sparse_paged_attention is not None
+    finally:
+        sys.modules.pop(name)
+
+
+def test_install_reads_the_installed_vllm(monkeypatch):
+    monkeypatch.setattr(S, "installed_vllm_version", lambda: "0.30.0")
+    try:
+        S.install("qsa_test_fake_vllm.ops.qsa")
+        assert sys.modules["qsa_test_fake_vllm.ops.qsa"].__name__ == "qsa_torch_shim.vllm_0_30"
+    finally:
+        sys.modules.pop("qsa_test_fake_vllm.ops.qsa")
+
+
+# --- exception parity with the live 0.34.0 originals ----------------------------------------
+
+BAD_FP8 = {
+    "no_scales": lambda a: (a, None, None),
+    "no_v_scale": lambda a: (a, 0.5, None),
+    "no_k_scale": lambda a: (a, None, 2.0),
+    "uint8_no_scales": lambda a: (_swap_kv(a, torch.uint8), None, None),
+    "kv_dtype_mismatch": lambda a: ([*a[:2], a[2].view(torch.uint8), *a[3:]], 0.5, 2.0),
+    "q_fp16": lambda a: ([a[0].half(), *a[1:]], 0.5, 2.0),
+    "q_fp8": lambda a: ([a[0].to(torch.float8_e4m3fn), *a[1:]], 0.5, 2.0),
+    "kv_fp16_with_scales": lambda a: (_swap_kv(a, torch.float16), 0.5, 2.0),
+    "kv_int8_with_scales": lambda a: (_swap_kv(a, torch.int8), 0.5, 2.0),
+    "scale_not_a_number": lambda a: (a, "half", 2.0),
+    "scale_object": lambda a: (a, 0.5, object()),
+    "nan_scale_and_int64_indices": lambda a: ([*a[:3], a[3].long(), *a[4:]], float("nan"), 2.0),
+    "nan_scale_and_bad_shape": lambda a: ([a[0][:, :1], *a[1:]], float("nan"), 2.0),
+}
+
+
+def _swap_kv(a, dtype):
+    """The same K/V views in another cache dtype (a byte view, or a converted copy)."""
+    swap = (lambda t: t.view(dtype)) if dtype.itemsize == 1 else (lambda t: t.to(dtype))  # noqa: E731
+    return [a[0], swap(a[1]), swap(a[2]), *a[3:]]
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FP8))
+def test_fp8_exception_parity_with_0_34(name):
+    orig = originals.load_or_skip("0.34.0")
+    _, a, gate = _fp8_args()
+    args, ks, vs = BAD_FP8[name](a)
+    with pytest.raises(Exception) as expected:
+        _call(orig.qsa_sparse_paged_attention, args, gate, None, ks, vs)
+    assert not isinstance(expected.value, (ImportError, AttributeError, RuntimeError)), expected.value
+    with pytest.raises(type(expected.value)) as got:
+        _call(S.qsa_sparse_paged_attention, args, gate, None, ks, vs)
+    assert type(got.value) is type(expected.value), (got.value, expected.value)
+
+
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0.0, -0.5,
+                                   np.float32("nan"), torch.tensor(float("nan"))])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8])
+def test_bad_scale_values_raise_value_error_naming_the_argument(which, value, dtype, monkeypatch):
+    """Where 0.34 defines nothing (it folds the scale in unchecked): ValueError, before launch."""
+    launched = []
+    monkeypatch.setattr(J, "sparse_new", lambda *a, **k: launched.append(1))
+    monkeypatch.setattr(J, "sparse_into", lambda *a, **k: launched.append(1))
+    _, a, gate = _fp8_args(dtype)
+    scales = {"k_scale": 0.5, "v_scale": 2.0, which: value}
+    with pytest.raises(ValueError, match=which):
+        _call(S.qsa_sparse_paged_attention, a, gate, None, scales["k_scale"], scales["v_scale"])
+    assert not launched
+
+
+def test_bf16_cache_ignores_scales_like_0_34():
+    """0.34 reads the scales of an fp8 cache only; a bf16 call with any scales is the plain call."""
+    case = next(c for c, _ in golden.sparse_attention_cases() if c.name == "tp1_r3_s64_full")
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    k, v = kv_views(t(case.kv_cache), case.head_dim)
+    args = [t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req), False]
+    gate = t(case.output_gate)
+    plain = _call(S.qsa_sparse_paged_attention, args, gate)
+    for ks, vs in ((0.5, 2.0), (float("nan"), -1.0)):
+        got = _call(S.qsa_sparse_paged_attention, args, gate, None, ks, vs)
+        assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
+
+
+@pytest.mark.skipif(JAX_HAS_FP8, reason="qsa_jax has fp8 support")
+def test_fp8_without_jax_support_says_so():
+    _, a, gate = _fp8_args()
+    with pytest.raises(NotImplementedError, match="k_scale"):
+        _call(S.qsa_sparse_paged_attention, a, gate, None, 0.5, 2.0)
+
+
+# --- fp8 results (need qsa_jax's fp8 support) -------------------------------------------------
+
+@needs_jax_fp8
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_fp8_matches_qsa_jax_on_the_same_arrays(dtype, with_out, monkeypatch):
+    """The shim only converts: its result is qsa_jax's on the same (zero-copy) arrays,
+    bit for bit; the fused fp8 buffer is imported whole, and nothing is copied."""
+    import jax
+    import jax.numpy as jnp
+
+    kv, a, gate = _fp8_args(dtype)
+    out = torch.full_like(a[0], float("nan")) if with_out else None
+    I.clear_import_cache()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*copied for this call", category=S.ShimCopyWarning)
+        got = _call(S.qsa_sparse_paged_attention, a, gate, out, 0.5, 2.0)
+    if with_out:
+        assert got is out
+    assert any(arr.unsafe_buffer_pointer() == kv.data_ptr() and arr.shape == tuple(kv.shape)
+               for _, arr in I.PERSISTENT._entries.values()), "the fused fp8 cache was not imported whole"
+    j = lambda x: jax.dlpack.from_dlpack(x.contiguous())  # noqa: E731
+    want = qsa_jax.sparse_attention(j(a[0]), j(kv), j(a[3]), j(a[4]), j(a[5]), j(gate),
+                                    use_prefill_config=a[6], k_scale=jnp.float32(0.5),
+                                    v_scale=jnp.float32(2.0))
+    want = to_torch(np.asarray(want), "cpu")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert np.isfinite(to_numpy(got).astype(np.float32)).all()
+
+
+@needs_jax_fp8
+def test_fp8_scales_are_traced_not_compiled_in():
+    """A model has a scale pair per layer: new scale values must not compile anew."""
+    _, a, gate = _fp8_args()
+    _call(S.qsa_sparse_paged_attention, a, gate, None, 0.5, 2.0)
+    before = J.sparse_new._cache_size()
+    r1 = _call(S.qsa_sparse_paged_attention, a, gate, None, 0.25, 4.0)
+    r2 = _call(S.qsa_sparse_paged_attention, a, gate, None, 0.5, 2.0)
+    assert J.sparse_new._cache_size() == before
+    assert not torch.equal(r1, r2)  # the scales do reach the computation
+
+
+@needs_jax_fp8
+def test_fp8_warmup_returns_0_34_summary():
+    orig = originals.load_or_skip("0.34.0")
+    case = next(c for c, _ in golden.sparse_attention_cases() if c.name == "tp1_r16_s16")
+    kv = to_torch(case.kv_cache, "cpu").float().to(torch.float8_e4m3fn).view(torch.uint8)
+    bt = to_torch(case.block_table, "cpu")
+    got = S.warmup_qsa_sparse_paged_attention(kv, bt, num_query_heads=case.q.shape[1],
+                                              selection_width=2051, rows=[1], with_out=False)
+    hk = kv.shape[1]
+    want = sorted({orig._select_config(r, hk, f, 2051, True) for r in range(1, 8193)
+                   for f in (False, True)})
+    assert got == tuple((bn, s, w) for bn, w, _, s in want)
+
+
+@pytest.mark.gpu
+def test_gpu_select_config_matches_0_34_on_this_device():
+    """On a GPU, 0.34 picks its table by compute capability (sm_90: the H20-tuned one); the
+    shim answers what qsa_jax's table gives, which must be the same."""
+    orig = originals.load_or_skip("0.34.0")
+    for rows in (1, 2, 8, 12, 16, 32, 64, 128, 256, 512, 1024, 1025, 2048, 4096):
+        for hk in (1, 2):
+            for flag in (False, True):
+                for fp8 in (False, True):
+                    assert S._select_config(rows, hk, flag, 2051, fp8) == \
+                        orig._select_config(rows, hk, flag, 2051, fp8), (rows, hk, flag, fp8)
