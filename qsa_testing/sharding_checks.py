@@ -146,6 +146,31 @@ def strided_query_check(results):
         results.append({"name": name, "problem": traceback.format_exc(limit=4)})
 
 
+def gradient_check(results):
+    """jax.grad through a sharded call (the custom_vjp outermost) equals the one-device gradient.
+    Only the plain forward runs per shard: the backward is XLA's to partition, so no HLO check."""
+    name = "sparse_attention/xla/4dev/rows2xheads2/grad"
+    try:
+        case = attention_case(5)
+        mesh = make_mesh((2, 2), ("data", "model"))
+        specs = (("data", "model"), (None, "model"), ("data",), (), ("data",), ("data", "model"))
+        arrays = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
+                  case.output_gate)
+
+        def loss(*a):
+            out = qsa_jax.sparse_attention(*a, config=select_config(ROWS // 2, 1, False, case.selection_width),
+                                           implementation="xla")
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+
+        grad = jax.grad(loss, argnums=(0, 1, 5))
+        got = jax.jit(grad)(*(put(mesh, x, *spec) for x, spec in zip(arrays, specs)))
+        want = grad(*(jnp.asarray(x) for x in arrays))
+        same = all(np.array_equal(bits(g), bits(w)) for g, w in zip(got, want))
+        results.append({"name": name, "problem": None if same else "gradients differ from one device"})
+    except Exception:  # noqa: BLE001
+        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+
 # --- indexer operators ----------------------------------------------------
 
 def compress_checks(n, implementation, results):
@@ -288,6 +313,7 @@ def main(argv=None) -> int:
     results: list[dict] = []
     control_check(results)
     strided_query_check(results)
+    gradient_check(results)
     for n in (2, 4, 8):
         attention_checks(n, "xla", results)
         compress_checks(n, "xla", results)
