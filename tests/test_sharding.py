@@ -104,3 +104,33 @@ def test_a_shard_takes_the_tiling_of_its_own_shape():
         (p,) = seen
         assert (p.num_rows, p.num_query_heads, p.kv.num_kv_heads) == (4096, 12, 1)
         assert tuple(p.config) == (tuple(explicit) if explicit else tuple(select_config(4096, 1, True, 2051)))
+
+
+def test_vmap_of_the_forward_still_batches():
+    """custom_partitioning has no batching rule: a vmapped call must run the implementation
+    batched, equal to the calls one by one (sparse_attention over q/gate, store over caches)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import qsa_jax
+    from qsa_testing.cases import store_case
+    from qsa_testing.sharding_checks import attention_case, bits
+
+    c = attention_case(2)
+    kv, li, bt, t2r = (jnp.asarray(x) for x in (c.kv_cache, c.logical_indices, c.block_table, c.token_to_req))
+
+    def attend(q, g):
+        return qsa_jax.sparse_attention(q, kv, li, bt, t2r, g, implementation="xla")
+
+    qs = jnp.stack([c.q, c.q[::-1]])
+    gs = jnp.stack([c.output_gate, c.output_gate[::-1]])
+    got = jax.vmap(attend)(qs, gs)
+    assert all(np.array_equal(bits(got[i]), bits(attend(qs[i], gs[i]))) for i in range(2))
+    sc = store_case(np.random.default_rng(0), n=8, pages=8, page_size=4, width=24)
+    caches = jnp.stack([jnp.asarray(sc.cache), -jnp.asarray(sc.cache)])
+    stored = jax.vmap(lambda cache: qsa_jax.store_cache_rows(cache, sc.slot_mapping, sc.rows,
+                                                             implementation="xla"))(caches)
+    for i in range(2):
+        one = qsa_jax.store_cache_rows(caches[i], sc.slot_mapping, sc.rows, implementation="xla")
+        assert np.array_equal(bits(stored[i]), bits(one))

@@ -170,6 +170,24 @@ _call = custom_partitioning(_whole, static_argnums=(0, 1, 2))
 _call.def_partition(_partition, sharding_rule=lambda layout, *_: _rule(layout))
 
 
+def _batchable(layout, local, static, *arrays):
+    """``_call`` that ``jax.vmap`` can batch: custom_partitioning has no batching rule, so a
+    batched call runs the implementation whole, batched by vmap (as without a mesh)."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*xs):
+        return _call(layout, local, static, *xs)
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, *xs):
+        del axis_size
+        in_axes = tuple(jax.tree.map(lambda b: 0 if b else None, tuple(in_batched)))
+        out = jax.vmap(lambda *a: local(static, {}, *a), in_axes=in_axes)(*xs)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return call(*arrays)
+
+
 def _explicit_mesh(leaves):
     """The mesh of the arguments' types when it has Explicit axes (then types carry the shardings)."""
     for x in leaves:
@@ -185,7 +203,7 @@ def run(layout: Layout, local: Callable, static, *arrays):
     leaves = jax.tree.leaves(arrays)
     mesh = _explicit_mesh(leaves)
     if mesh is None:
-        return _call(layout, local, static, *arrays)
+        return _batchable(layout, local, static, *arrays)
     # Explicit-sharding mode: every value's type names its sharding at trace
     # time, so the layout is checked now and the shards run under shard_map
     # with exactly those specs (custom_partitioning's whole-array trace would
