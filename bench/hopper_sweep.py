@@ -117,6 +117,8 @@ def exact_attention_torch(q, kv, idx, block_table, token_to_req, gate, rows: int
     pg = torch.where(valid, pg, 0)
     slot = torch.where(valid, safe_tok % page, 0)
     rows_kv = kv[pg, :, slot, :].double()  # [R, W, Hk, 2D]
+    # Invalid entries read row 0, which may hold anything (NaN): zero them, never multiply.
+    rows_kv = torch.where(valid[:, :, None, None], rows_kv, 0.0)
     keys, values = rows_kv[..., :d], rows_kv[..., d:]
     h = q.shape[1]
     g = h // hk
@@ -136,46 +138,6 @@ def rel_err(x, exact) -> float:
     x = x.double()
     denom = torch.linalg.norm(exact).item()
     return torch.linalg.norm(x - exact).item() / denom if denom else 0.0
-
-
-def load_originals_034():
-    """vLLM 0.34.0's module under the 0.30.0 loader's stand-ins, plus a stand-in for
-    ``vllm.platforms.current_platform`` answering with torch's device capability."""
-    import importlib.util
-    import types
-
-    import torch
-
-    from qsa_testing import originals
-
-    path = originals.originals_dir().parent / "vllm-0.34.0" / "qsa.py"
-    saved = originals._install_stubs()
-    platforms = types.ModuleType("vllm.platforms")
-
-    class _Platform:
-        @staticmethod
-        def get_device_capability():
-            return tuple(torch.cuda.get_device_capability())
-
-        @staticmethod
-        def has_device_capability(n: int) -> bool:
-            major, minor = torch.cuda.get_device_capability()
-            return major * 10 + minor >= n
-
-    platforms.current_platform = _Platform()
-    sys.modules["vllm.platforms"] = platforms
-    try:
-        spec = importlib.util.spec_from_file_location("qsa_originals_vllm_0_34_0_sweep", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop("vllm.platforms", None)
-        for name, before in saved.items():
-            if before is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = before
-    return module
 
 
 def split_bursts(kernels, expected: int):
@@ -362,7 +324,7 @@ def main(argv=None) -> int:
     from qsa_testing import originals
 
     os.makedirs(a.out, exist_ok=True)
-    mods = {"0.30.0": originals.load(), "0.34.0": load_originals_034()}
+    mods = {"0.30.0": originals.load("0.30.0"), "0.34.0": originals.load("0.34.0")}
     pools = {}
     for name in ("TP1", "TP4"):
         geo = inputs.geometry(name, cpu=False, pool_gb=a.pool_gb)

@@ -37,21 +37,27 @@ def gpu_kernels(run) -> list[Kernel]:
     Empty without a GPU. The stream lines of the trace's GPU planes hold the
     kernels (and copies) of every library in the process, torch's included.
     """
+    return sorted((k for ks in gpu_kernels_by_device(run).values() for k in ks), key=lambda k: k.start_ns)
+
+
+def gpu_kernels_by_device(run) -> dict[str, list[Kernel]]:
+    """``gpu_kernels`` per GPU: trace plane name (``/device:GPU:i``) -> its kernels, sorted by start."""
     with tempfile.TemporaryDirectory() as d:
         try:
             with jax.profiler.trace(d):
                 run()
         except Exception as exc:  # noqa: BLE001 -- e.g. no CUPTI: report, leave the columns empty
             print(f"kernel trace failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return []
+            return {}
         paths = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
         if not paths:
-            return []
+            return {}
         data = jax.profiler.ProfileData.from_file(paths[0])
-    seen, kernels = set(), []
+    by_device = {}
     for plane in data.planes:
         if not plane.name.startswith("/device:GPU"):
             continue
+        seen, kernels = set(), by_device.setdefault(plane.name, [])
         for line in plane.lines:
             if not line.name.startswith("Stream"):
                 continue  # derived lines (XLA ops / modules) repeat the stream events
@@ -60,7 +66,7 @@ def gpu_kernels(run) -> list[Kernel]:
                 if key not in seen:
                     seen.add(key)
                     kernels.append(Kernel(*key))
-    return sorted(kernels, key=lambda k: k.start_ns)
+    return {name: sorted(ks, key=lambda k: k.start_ns) for name, ks in by_device.items()}
 
 
 @dataclasses.dataclass(frozen=True)

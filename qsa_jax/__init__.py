@@ -8,6 +8,7 @@ Public API:
 - ``store_cache_rows``: scatter rows into a paged cache (in place when donated).
 - ``select_config`` / ``SparseAttentionConfig``: the static tiling table.
 - ``warmup`` / ``enable_persistent_cache``: compile ahead of serving, keep it on disk.
+- ``repeat_kv_heads`` / ``MeshLayoutError``: running on a device mesh (README, "Sharded").
 
 Each operator takes ``implementation=`` ("pallas", "triton", "xla" or None).
 """
@@ -15,17 +16,20 @@ Each operator takes ``implementation=`` ("pallas", "triton", "xla" or None).
 from qsa_jax.ops.compress_groups import compress_groups_with_ratio
 from qsa_jax._implementations import available_implementations
 from qsa_jax.config import SparseAttentionConfig, reachable_configs, select_config
+from qsa_jax.ops._sharding import MeshLayoutError, repeat_kv_heads
 from qsa_jax.ops.sparse_attention import StridedQuery, sparse_attention
 from qsa_jax.ops.store_cache_rows import store_cache_rows
 from qsa_jax.warmup import enable_persistent_cache, warmup
 
 __all__ = [
+    "MeshLayoutError",
     "SparseAttentionConfig",
     "StridedQuery",
     "available_implementations",
     "compress_groups_with_ratio",
     "enable_persistent_cache",
     "reachable_configs",
+    "repeat_kv_heads",
     "select_config",
     "sparse_attention",
     "store_cache_rows",

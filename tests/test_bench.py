@@ -205,3 +205,39 @@ def test_summary_marks_host_bound_cells():
     assert "‡ (GPU busy 8.0 µs)" in cells[2]  # pallas: 19 > 1.2 x 8
     assert "‡" not in cells[1] and "‡" not in cells[3]  # original never; triton 11 < 1.2 x 10
     assert "‡ wall clock more than" in table
+
+
+def test_hopper_sweep_pieces_on_cpu(tmp_path):
+    """bench.hopper_sweep's GPU-free parts: the candidate tilings, the exact-attention check it
+    gates configs with (against qsa_testing.exact), and the attribution of trace kernels to
+    configs by idle gaps."""
+    import numpy as np
+    import torch
+
+    from bench import hopper_sweep as HS
+    from bench.kernel_trace import Kernel
+    from qsa_testing import cases as C
+    from qsa_testing.exact import exact_attention
+
+    for programs in (1, 16, 256, 4096):
+        variants = HS.stage1_variants(programs, 2051)
+        assert variants and all(v.splits <= -(-2051 // v.block_n) for v in variants)
+        assert programs <= 64 or all(v.block_n != 16 for v in variants)
+    assert HS.Variant(32, 65, 2) in HS.stage1_variants(1, 2051)  # one tile per split, at 2 warps
+
+    rng = np.random.default_rng()
+    case = C.poison_unreferenced(C.add_edge_rows(rng, C.sparse_attention_case(
+        rng, rows=6, num_query_heads=4, num_kv_heads=2, head_dim=16, page_size=8, selection_blocks=6,
+        context_tokens=64, num_requests=3)))
+    t = lambda x: torch.from_numpy(np.asarray(x, np.float32) if x.dtype == C.BF16 else np.asarray(x))  # noqa: E731
+    got = HS.exact_attention_torch(t(case.q), t(case.kv_cache), t(case.logical_indices), t(case.block_table),
+                                   t(case.token_to_req), t(case.output_gate), 6)
+    want = exact_attention(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                           case.token_to_req, case.output_gate)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+    ms = 1_000_000
+    kernels = [Kernel("a", 0, 5), Kernel("a", 10, 5), Kernel("b", 50 * ms, 5), Kernel("c", 120 * ms, 5)]
+    bursts = HS.split_bursts(kernels, 3)
+    assert [len(b) for b in bursts] == [2, 1, 1]
+    assert HS.split_bursts(kernels, 2) is None  # a miscount is reported, not guessed

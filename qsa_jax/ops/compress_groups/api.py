@@ -7,6 +7,7 @@ import functools
 import jax
 
 from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.compress_groups.base import CompressProblem, check_compress_args
 
@@ -22,7 +23,8 @@ def _plan(*arrays, compress_ratio, implementation) -> tuple[CompressProblem, str
 
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"))
 def _run(*arrays, problem: CompressProblem, implementation: str):
-    return _REGISTRY.run(implementation)(problem, *arrays)
+    # On a mesh: one call per shard (qsa_jax/ops/_sharding.py); otherwise the plain call.
+    return _sharding.compress_groups(_REGISTRY.run(implementation), problem, *arrays)
 
 
 def compress_groups_with_ratio(
@@ -47,6 +49,7 @@ def compress_groups_with_ratio(
                           compressor_state_block_table, token_to_req, query_start_loc,
                           logical_positions, compressed_slots, rope_cache,
                           compress_ratio=compress_ratio, implementation=implementation)
-    return _run(raw_keys, raw_positions, compressor_state_cache, compressor_state_block_table,
-                token_to_req, query_start_loc, logical_positions, compressed_slots, rope_cache,
-                problem=problem, implementation=name)
+    arrays = (raw_keys, raw_positions, compressor_state_cache, compressor_state_block_table,
+              token_to_req, query_start_loc, logical_positions, compressed_slots, rope_cache)
+    _sharding.check_compress_groups(problem, *arrays)
+    return _run(*arrays, problem=problem, implementation=name)

@@ -8,6 +8,7 @@ from typing import Sequence
 import jax
 
 from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.sparse_attention.backward import differentiable, forward_only
 from qsa_jax.ops.sparse_attention.base import (
@@ -40,10 +41,12 @@ def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
 def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales=None, *,
          problem: SparseAttentionProblem, implementation: str):
     if scales is None:
-        # A custom_vjp around the implementation's forward (gradients: backward.py).
+        # A custom_vjp around the implementation's forward (gradients: backward.py); on a
+        # mesh its forward runs one call per shard (qsa_jax/ops/_sharding.py).
         return differentiable(problem, implementation, q, kv_arrays, logical_indices, block_table,
                               token_to_req, output_gate)
-    # vLLM 0.34 arithmetic (k/v scales, fp8 caches): forward only, see backward.py.
+    # vLLM 0.34 arithmetic (k/v scales, fp8 caches): forward only (backward.py), and not
+    # partitioned on a mesh yet (README: sharding).
     return forward_only(problem, implementation, q, kv_arrays, logical_indices, block_table,
                         token_to_req, output_gate, scales)
 
@@ -97,5 +100,6 @@ def sparse_attention(
                           implementation=implementation,
                           scales_given=(k_scale is not None, v_scale is not None))
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
-    return _run(query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                scale_operand(problem, k_scale, v_scale), problem=problem, implementation=name)
+    arrays = (query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+    _sharding.check_sparse_attention(problem, *arrays)
+    return _run(*arrays, scale_operand(problem, k_scale, v_scale), problem=problem, implementation=name)

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from qsa_jax.ops import _sharding
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, SparseAttentionProblem, entry_rows, head_row_stride)
 
@@ -67,9 +68,10 @@ def _registry():
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def differentiable(problem: SparseAttentionProblem, implementation: str, q, kv_arrays,
                    logical_indices, block_table, token_to_req, output_gate):
-    """``implementation``'s forward, with the gradient contract of this module."""
-    return _registry().run(implementation)(problem, q, kv_arrays, logical_indices, block_table,
-                                           token_to_req, output_gate)
+    """``implementation``'s forward, with the gradient contract of this module (per shard on a
+    mesh: the forward outside differentiation, see qsa_jax/ops/_sharding.py)."""
+    return _sharding.sparse_attention(_registry().run(implementation), problem, q, kv_arrays,
+                                      logical_indices, block_table, token_to_req, output_gate)
 
 
 def forward_with_residuals(problem, implementation, q, kv_arrays, logical_indices, block_table,

@@ -272,6 +272,25 @@ class SparseAttentionProblem:
     # Pipelining depth the config's table measured best (Pallas); None: the
     # implementation's default. Never set with an explicit ``config=``.
     num_stages: int | None = None
+    # use_prefill_config, kept only where it changed the tiling, and the table the tiling
+    # came from: a shard on a mesh picks its own tiling from its own shape with them
+    # (``for_shard``; ops/_sharding.py).
+    prefill_tiling: bool = False
+    table: str | None = None
+
+    def for_shard(self, num_rows: int, num_query_heads: int, num_kv_heads: int) -> "SparseAttentionProblem":
+        """This call's problem on one shard of a mesh: its own rows and heads, and (unless
+        ``config=`` fixed it) the tiling and stages its own rows x KV heads pick from the
+        same table, as one GPU of that tensor-parallel size would."""
+        kv = dataclasses.replace(self.kv, num_kv_heads=num_kv_heads)
+        changes = dict(num_rows=num_rows, num_query_heads=num_query_heads, kv=kv)
+        if not self.config_explicit:
+            programs = num_rows * num_kv_heads
+            changes["config"] = select_config(num_rows, num_kv_heads, self.prefill_tiling, self.selection_width,
+                                              self.is_fp8, table=self.table)
+            changes["num_stages"] = table_tiling(programs, self.prefill_tiling, is_fp8=self.is_fp8,
+                                                 table=self.table).stages
+        return dataclasses.replace(self, **changes)
 
     @property
     def is_fp8(self) -> bool:
@@ -370,9 +389,12 @@ def check_sparse_attention_args(
             raise ValueError(f"config.num_tiles must be >= 1; got {cfg.num_tiles}")
         if not 1 <= cfg.num_splits <= cfg.num_tiles:
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
+    prefill_tiling = not explicit and cfg != select_config(rows, cache.num_kv_heads, False, width, fmt != "bf16",
+                                                           table=config)
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
                                   config_explicit=explicit, q_layout=q_layout, kv_format=fmt,
-                                  scaled=all(given.values()), num_stages=stages)
+                                  scaled=all(given.values()), num_stages=stages,
+                                  prefill_tiling=prefill_tiling, table=None if explicit else config)
 
 
 def _host_scale(name: str, value) -> float | None:

@@ -7,6 +7,7 @@ import functools
 import jax
 
 from qsa_jax._implementations import REGISTRIES
+from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.store_cache_rows.base import StoreProblem, check_store_args
 
@@ -21,12 +22,13 @@ def _plan(cache, slot_mapping, rows, *, implementation) -> tuple[StoreProblem, s
 
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"), donate_argnums=(0,))
 def _run_donated(cache, slot_mapping, rows, *, problem: StoreProblem, implementation: str):
-    return _REGISTRY.run(implementation)(problem, cache, slot_mapping, rows)
+    return _run.__wrapped__(cache, slot_mapping, rows, problem=problem, implementation=implementation)
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"))
 def _run(cache, slot_mapping, rows, *, problem: StoreProblem, implementation: str):
-    return _REGISTRY.run(implementation)(problem, cache, slot_mapping, rows)
+    # On a mesh: one call per shard (qsa_jax/ops/_sharding.py); otherwise the plain call.
+    return _sharding.store_cache_rows(_REGISTRY.run(implementation), problem, cache, slot_mapping, rows)
 
 
 def store_cache_rows(cache, slot_mapping, rows, *, donate: bool = False,
@@ -42,5 +44,6 @@ def store_cache_rows(cache, slot_mapping, rows, *, donate: bool = False,
     one lands is unspecified (as in the originals).
     """
     problem, name = _plan(cache, slot_mapping, rows, implementation=implementation)
+    _sharding.check_store_cache_rows(cache, slot_mapping, rows)
     run = _run_donated if donate else _run
     return run(cache, slot_mapping, rows, problem=problem, implementation=name)

@@ -1,0 +1,433 @@
+"""The operators on a device mesh: tensor and data parallelism with no collectives.
+
+Mechanism: each operator's jitted body is a ``jax.experimental.custom_partitioning``
+function. On one device (or inside a ``shard_map``, where the arrays are
+already local) JAX inlines the plain implementation. On a mesh, XLA's
+partitioner (Shardy) hands us the shardings it settled on for the arguments;
+``_partition`` checks them against the operator's supported layouts, keeps them
+exactly as they are (so XLA inserts no resharding around the call) and lowers
+the implementation once more on the per-shard shapes, with the per-shard
+problem (and tiling) derived from those shapes. A plain ``jax.jit`` over
+sharded arrays, or an eager call with sharded arrays, then runs one local
+kernel per device and nothing else.
+
+Why not ``shard_map`` keyed on ``x.sharding``: inside a user's ``jax.jit`` the
+arguments are tracers without a sharding (outside explicit-sharding mode), so a
+wrapper could only see the layout of eager calls; custom_partitioning sees the
+layout in both cases. Users who already work inside a ``shard_map`` need
+nothing: there the operators see local arrays and run as on one device.
+
+On meshes with ``Explicit`` axes (``jax.make_mesh``'s default) the shardings
+are part of the types: the layout is checked at trace time and the shards run
+under ``jax.shard_map`` with exactly those specs.
+
+Layouts are described per argument dimension by a *role*: ``ROWS`` (tokens,
+split for data parallelism), ``HEADS`` (query heads), ``KV_HEADS``, ``PAGES``
+(cache pages) or a descriptive name of a dimension that must stay whole. Every
+dimension of one role must be split over the same mesh axes, and each operator
+says which roles may be split at all. Anything else raises ``MeshLayoutError``
+naming the argument, its shape and sharding: for eager calls and Explicit
+meshes before anything is traced; under ``jax.jit`` on Auto axes when XLA
+partitions the program (the shardings exist only then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+
+ROWS, HEADS, KV_HEADS, PAGES = "rows", "heads", "kv_heads", "pages"
+_Tracer = jax.core.Tracer  # looked up once: jax.core's attribute access is slow on the eager path
+
+
+class MeshLayoutError(ValueError):
+    """The arguments' shardings are not a layout the operator can run per shard."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which dimensions of one operator call may be split over a mesh (static, hashable).
+
+    ``args``: (name, roles) for every array argument in flattening order, one
+    role per dimension; ``out``: the roles of each result's dimensions;
+    ``shardable``: the roles that may be split; ``ties``: (role, role, why)
+    pairs that must be split over the same axes; ``why``: (argument or role,
+    reason) pairs quoted when that argument or role is split anyway.
+    """
+
+    op: str
+    args: tuple[tuple[str, tuple[str, ...]], ...]
+    out: tuple[tuple[str, ...], ...]
+    shardable: frozenset = frozenset()
+    ties: tuple[tuple[str, str, str], ...] = ()
+    why: tuple[tuple[str, str], ...] = ()
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _spec_text(sharding) -> str:
+    if isinstance(sharding, NamedSharding):
+        return f"PartitionSpec{tuple(sharding.spec)} on mesh {dict(sharding.mesh.shape)}"
+    return "replicated" if sharding is None else str(sharding)
+
+
+def _dims(sharding, ndim: int, where: str, op: str) -> tuple[tuple[str, ...], ...]:
+    """Mesh axes each dimension is split over (``()``: whole on every device)."""
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+        return tuple(_axes(e) for e in spec)
+    if sharding is None or sharding.is_fully_replicated:
+        return ((),) * ndim
+    raise MeshLayoutError(f"{op}: {where} has sharding {sharding}; only NamedSharding layouts run per shard")
+
+
+def resolve(layout: Layout, shapes, shardings, mesh_shape) -> dict[str, tuple[str, ...]]:
+    """Mesh axes of each split role; ``MeshLayoutError`` naming the argument that breaks the layout."""
+    op, found, first = layout.op, {}, {}
+    why = dict(layout.why)
+    for (name, roles), shape, sharding in zip(layout.args, shapes, shardings):
+        where = f"{name} (shape {tuple(shape)}, {_spec_text(sharding)})"
+        for dim, (role, axes) in enumerate(zip(roles, _dims(sharding, len(shape), where, op))):
+            if axes and role not in layout.shardable:
+                reason = why.get(name) or why.get(role) or "this operator cannot split it without collectives"
+                raise MeshLayoutError(
+                    f"{op}: {where} is split along dimension {dim} ({role}) over mesh axes {axes}; that "
+                    f"dimension must be whole on every device: {reason}")
+            if role not in layout.shardable:
+                continue
+            n = math.prod(mesh_shape[a] for a in axes)
+            if shape[dim] % n:
+                raise MeshLayoutError(
+                    f"{op}: {where}: dimension {dim} ({role}, size {shape[dim]}) does not divide into "
+                    f"{n} equal shards over mesh axes {axes}" + (f"; {why[role]}" if role in why else ""))
+            if role in found and found[role] != axes:
+                raise MeshLayoutError(
+                    f"{op}: {where} splits its {role} over mesh axes {axes} but {first[role]} splits them "
+                    f"over {found[role]}; every {role} dimension must be split the same way")
+            found.setdefault(role, axes)
+            first.setdefault(role, where)
+    for a, b, reason in layout.ties:
+        if found.get(a, ()) != found.get(b, ()):
+            raise MeshLayoutError(
+                f"{op}: {a} are split over mesh axes {found.get(a, ())} ({first.get(a)}) but {b} over "
+                f"{found.get(b, ())} ({first.get(b)}): {reason}")
+    return {role: axes for role, axes in found.items() if axes}
+
+
+def shard_index(axes: tuple[str, ...]):
+    """This device's position along ``axes`` (major to minor), inside a per-shard function."""
+    return jax.lax.axis_index(axes)
+
+
+def _rule(layout: Layout) -> str:
+    """Shardy rule: one factor per shardable role, a private factor for every other dimension.
+
+    The shared factors let Shardy carry e.g. q's row split to logical_indices;
+    the private ones keep it from splitting a dimension that must stay whole.
+    """
+    private = iter(range(10**6))
+
+    def factors(roles):
+        return " ".join(r if r in layout.shardable else f"u{next(private)}" for r in roles)
+
+    return (", ".join(factors(roles) for _, roles in layout.args) + " -> "
+            + ", ".join(factors(roles) for roles in layout.out))
+
+
+def _whole(layout, local, static, *arrays):
+    return local(static, {}, *arrays)
+
+
+def _partition(layout, local, static, mesh, arg_shapes, result_shape):
+    leaves = jax.tree.leaves(arg_shapes)
+    axes = resolve(layout, [a.shape for a in leaves], [a.sharding for a in leaves], dict(mesh.shape))
+
+    def named(roles):
+        return NamedSharding(mesh, PartitionSpec(*(axes.get(r) for r in roles)))
+
+    # The arguments keep exactly the shardings they came with (no resharding
+    # around the call); the results take the matching split.
+    args = jax.tree.unflatten(jax.tree.structure(arg_shapes), [named(r) for _, r in layout.args])
+    outs = tuple(named(roles) for roles in layout.out)
+    return (mesh, lambda *arrays: local(static, axes, *arrays),
+            outs if isinstance(result_shape, (tuple, list)) else outs[0], tuple(args))
+
+
+_call = custom_partitioning(_whole, static_argnums=(0, 1, 2))
+_call.def_partition(_partition, sharding_rule=lambda layout, *_: _rule(layout))
+
+
+def _batchable(layout, local, static, *arrays):
+    """``_call`` that ``jax.vmap`` can batch: custom_partitioning has no batching rule, so a
+    batched call runs the implementation whole, batched by vmap (as without a mesh)."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*xs):
+        return _call(layout, local, static, *xs)
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, *xs):
+        del axis_size
+        in_axes = tuple(jax.tree.map(lambda b: 0 if b else None, tuple(in_batched)))
+        out = jax.vmap(lambda *a: local(static, {}, *a), in_axes=in_axes)(*xs)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return call(*arrays)
+
+
+def _explicit_mesh(leaves):
+    """The mesh of the arguments' types when it has Explicit axes (then types carry the shardings)."""
+    for x in leaves:
+        mesh = getattr(jax.typeof(x).sharding, "mesh", None)
+        if mesh is not None and not mesh.empty and jax.sharding.AxisType.Explicit in mesh.axis_types:
+            return mesh
+    return None
+
+
+def run(layout: Layout, local: Callable, static, *arrays):
+    """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
+    or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
+    leaves = jax.tree.leaves(arrays)
+    mesh = _explicit_mesh(leaves)
+    if mesh is None:
+        return _batchable(layout, local, static, *arrays)
+    # Explicit-sharding mode: every value's type names its sharding at trace
+    # time, so the layout is checked now and the shards run under shard_map
+    # with exactly those specs (custom_partitioning's whole-array trace would
+    # fail here: the implementations' gathers cannot resolve sharded types).
+    axes = resolve(layout, [x.shape for x in leaves], [jax.typeof(x).sharding for x in leaves],
+                   dict(mesh.shape))
+
+    def spec(roles):
+        return PartitionSpec(*(axes.get(r) for r in roles))
+
+    in_specs = jax.tree.unflatten(jax.tree.structure(arrays), [spec(r) for _, r in layout.args])
+    outs = tuple(spec(roles) for roles in layout.out)
+    return jax.shard_map(functools.partial(local, static, axes), mesh=mesh, in_specs=in_specs,
+                         out_specs=outs if len(outs) > 1 else outs[0], check_vma=False)(*arrays)
+
+
+def maybe_on_mesh(first) -> bool:
+    """Whether an eager call whose first array is ``first`` may be on a mesh.
+
+    A tracer (inside the caller's jit: partitioning checks it), a host array or
+    a one-device array says no (one jitted call cannot mix it with arrays on a
+    mesh), so the common one-device call pays this one test.
+    """
+    # Exact type tests first: isinstance against jax.Array costs ~0.5 µs per call.
+    sharding = getattr(first, "sharding", None)  # None for tracers and host arrays
+    return sharding is not None and type(sharding) is not SingleDeviceSharding and not isinstance(first, _Tracer)
+
+
+def check_layout(layout: Layout, *arrays) -> None:
+    """Eager calls: check concrete arrays' shardings before anything is traced."""
+    leaves = jax.tree.leaves(arrays)
+    shardings = [getattr(x, "sharding", None) for x in leaves]
+    meshes = [s.mesh for s in shardings if isinstance(s, NamedSharding) and s.mesh.size > 1]
+    if meshes and not any(isinstance(x, _Tracer) for x in leaves):
+        resolve(layout, [x.shape for x in leaves], shardings, dict(meshes[0].shape))
+
+
+# --- sparse_attention ------------------------------------------------------
+
+_KV_WHY = ("each device must hold the KV heads its query heads read: split q's and output_gate's heads "
+           "and the cache's KV heads over the same mesh axes; with more head shards than KV heads, "
+           "repeat each KV head (qsa_jax.repeat_kv_heads) so that every shard holds its own copy")
+
+
+_STRIDED_WHY = ("a StridedQuery is addressed by row and head inside its whole table; pass a compact q "
+                "to split rows or heads")
+
+
+@functools.lru_cache(maxsize=256)
+def attention_layout(fused: bool, gate_ndim: int, strided_q: bool) -> Layout:
+    q = ("strided_q_rows", "head_dim") if strided_q else (ROWS, HEADS, "head_dim")
+    kv = ((("kv_cache", ("pages", KV_HEADS, "page_size", "head_dim")),) if fused else
+          (("k_cache", ("pages", "page_size", KV_HEADS, "head_dim")),
+           ("v_cache", ("pages", "page_size", KV_HEADS, "head_dim"))))
+    args = (("q", q),) + kv + (("logical_indices", (ROWS, "selection")),
+                               ("block_table", ("requests", "table_width")),
+                               ("token_to_req", (ROWS,)),
+                               ("output_gate", (ROWS, HEADS, "head_dim")[:gate_ndim]))
+    return Layout(
+        "sparse_attention", args, ((ROWS, HEADS, "head_dim"),),
+        frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS}),
+        ties=((HEADS, KV_HEADS, _KV_WHY),),
+        why=(("q", _STRIDED_WHY),
+             ("pages", "the block table names pages of the whole cache, so every device needs every "
+                       "page a row may read (independent per-device caches: call the operator inside "
+                       "jax.shard_map)"),
+             ("requests", "every row may belong to any request"),
+             (KV_HEADS, _KV_WHY))
+        + ((ROWS, _STRIDED_WHY), (HEADS, _STRIDED_WHY)) * strided_q)
+
+
+def _attention_local(static, axes, q, kv_arrays, logical_indices, block_table, token_to_req,
+                     output_gate):
+    run_impl, problem = static
+    if axes:
+        # The shard is a smaller problem of its own; its tiling comes from its
+        # own rows x KV heads (as on one GPU of that tensor-parallel size)
+        # unless the caller fixed config=.
+        problem = problem.for_shard(q.shape[0], q.shape[1], kv_arrays[0].shape[1 if problem.kv.fused else 2])
+    return run_impl(problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+
+
+def _attention_layout_of(problem, q, gate) -> Layout:
+    # q arrives as the query table: 2-D [N, D] for a StridedQuery (even one
+    # whose table is exactly a compact q), 3-D [R, H, D] otherwise.
+    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2)
+
+
+def sparse_attention(run_impl, problem, q, kv_arrays, *rest):
+    """``run_impl(problem, q, kv_arrays, *rest)`` (an implementation's ``run``), per shard on a mesh."""
+    return run(_attention_layout_of(problem, q, rest[-1]), _attention_local, (run_impl, problem), q,
+               tuple(kv_arrays), *rest)
+
+
+def check_sparse_attention(problem, q, kv_arrays, *rest) -> None:
+    if maybe_on_mesh(q):
+        check_layout(_attention_layout_of(problem, q, rest[-1]), q, tuple(kv_arrays), *rest)
+
+
+def repeat_kv_heads(kv, repeats: int):
+    """A cache whose KV heads are each repeated ``repeats`` times, in place of each.
+
+    Same result for the same q: query head j of G = H / Hk per KV head reads KV
+    head j // G; with every KV head repeated r times, G / r query heads share each
+    copy and head j reads copy j // (G / r), a copy of KV head j // G. Use it to
+    split H query heads over more devices than there are KV heads (TP4 of the
+    24 / 2-head model: repeats=2, then split the KV-head axis over the same 4
+    devices as the query heads).
+    """
+    if isinstance(kv, (tuple, list)):
+        return tuple(jnp.repeat(x, repeats, axis=2) for x in kv)
+    return jnp.repeat(kv, repeats, axis=1)
+
+
+# --- compress_groups_with_ratio ------------------------------------------
+
+_RAW_WHY = ("a row's group reads up to compress_ratio - 1 earlier raw rows, which may sit on another "
+            "device: keep raw_keys and raw_positions whole and split only the per-row metadata "
+            "(token_to_req, logical_positions, compressed_slots)")
+_RING_WHY = "any row may read any request's ring block"
+
+
+@functools.lru_cache(maxsize=16)
+def compress_layout(with_rope: bool) -> Layout:
+    ring = ("ring_blocks", "ring_slots", "one", "head_dim")
+    args = (("raw_keys", ("raw_rows", "one", "head_dim")),
+            ("raw_positions", ("raw_rows", "one", "three")),
+            ("compressor_state_cache", ring),
+            ("compressor_state_block_table", ("requests", "columns")),
+            ("token_to_req", (ROWS,)),
+            ("query_start_loc", ("requests",)),
+            ("logical_positions", (ROWS,)),
+            ("compressed_slots", (ROWS,)))
+    if with_rope:
+        args += (("rope_cache", ring[:3] + ("three",)),)
+    return Layout("compress_groups_with_ratio", args, ((ROWS, "one", "head_dim"), (ROWS, "three")),
+                  frozenset({ROWS}),
+                  why=(("raw_keys", _RAW_WHY), ("raw_positions", _RAW_WHY),
+                       ("compressor_state_cache", _RING_WHY), ("rope_cache", _RING_WHY),
+                       ("requests", "every row may belong to any request")))
+
+
+def _compress_local(static, axes, raw_keys, raw_positions, ring, block_table, token_to_req,
+                    query_start_loc, logical_positions, compressed_slots, *rope):
+    run_impl, problem = static
+    rope_cache = rope[0] if rope else None
+    if ROWS not in axes:
+        return run_impl(problem, raw_keys, raw_positions, ring, block_table, token_to_req,
+                        query_start_loc, logical_positions, compressed_slots, rope_cache)
+    # This shard's rows are global rows [offset, offset + n). Their groups read
+    # raw rows back to offset - (C - 1), so the kernel runs on a window that
+    # starts up to C - 1 rows earlier: the extra rows serve only as group
+    # members (their metadata marks them invalid) and their outputs are dropped.
+    # query_start_loc is shifted so window row i stands for global row start + i.
+    n, total = token_to_req.shape[0], raw_keys.shape[0]
+    halo = min(problem.compress_ratio - 1, total - n)
+    offset = shard_index(axes[ROWS]) * n
+    start = jnp.maximum(offset - halo, 0)
+    lead = offset - start
+
+    def window(x):
+        return jax.lax.dynamic_slice_in_dim(x, start, n + halo)
+
+    def widen(x, fill):
+        return jax.lax.dynamic_update_slice_in_dim(jnp.full((n + halo,), fill, x.dtype), x, lead, 0)
+
+    pooled, first = run_impl(
+        dataclasses.replace(problem, num_rows=n + halo), window(raw_keys), window(raw_positions), ring,
+        block_table, widen(token_to_req, -1), query_start_loc - start.astype(query_start_loc.dtype),
+        widen(logical_positions, 0), widen(compressed_slots, -1), rope_cache)
+    return (jax.lax.dynamic_slice_in_dim(pooled, lead, n), jax.lax.dynamic_slice_in_dim(first, lead, n))
+
+
+def _compress_arrays(arrays):
+    *tensors, rope_cache = arrays
+    return tuple(tensors) + (() if rope_cache is None else (rope_cache,))
+
+
+def compress_groups(run_impl, problem, *arrays):
+    """The compress implementation ``run_impl``, per shard on a mesh (rows split, the rest whole)."""
+    return run(compress_layout(problem.with_rope), _compress_local, (run_impl, problem),
+               *_compress_arrays(arrays))
+
+
+def check_compress_groups(problem, *arrays) -> None:
+    if maybe_on_mesh(arrays[0]):
+        check_layout(compress_layout(problem.with_rope), *_compress_arrays(arrays))
+
+
+# --- store_cache_rows ------------------------------------------------------
+
+_STORE_WHY = ("a row may target any page, so every device must see every (slot, row) pair and keep those "
+              "that land in its own pages; split rows would leave each device's pages (or each copy of "
+              "a whole cache) without the rows held elsewhere")
+
+
+@functools.lru_cache(maxsize=16)
+def store_layout(rows_ndim: int) -> Layout:
+    page = (PAGES, "page_size", "one", "width")
+    return Layout("store_cache_rows",
+                  (("cache", page), ("slot_mapping", ("slots",)),
+                   ("rows", ("slots", "one", "width") if rows_ndim == 3 else ("slots", "width"))),
+                  (page,), frozenset({PAGES}),
+                  why=(("slot_mapping", _STORE_WHY), ("rows", _STORE_WHY)))
+
+
+def _store_local(static, axes, cache, slot_mapping, rows):
+    run_impl, problem = static
+    if PAGES in axes:
+        # Slots are global; this shard owns pages [i * pages, (i + 1) * pages).
+        # Shifted slots outside that range are skipped by the store like any
+        # out-of-range slot (int32 wrap-around of very negative slots lands
+        # past the end too: the whole cache has < 2**31 slots).
+        pages = cache.shape[0]
+        first_slot = shard_index(axes[PAGES]) * (pages * problem.page_size)
+        slot_mapping = slot_mapping.reshape(-1).astype(jnp.int32) - first_slot
+        problem = dataclasses.replace(problem, num_pages=pages)
+    return run_impl(problem, cache, slot_mapping, rows)
+
+
+def store_cache_rows(run_impl, problem, cache, slot_mapping, rows):
+    """The store implementation ``run_impl``, per shard on a mesh (pages split, rows whole)."""
+    return run(store_layout(rows.ndim), _store_local, (run_impl, problem), cache, slot_mapping, rows)
+
+
+def check_store_cache_rows(cache, slot_mapping, rows) -> None:
+    if maybe_on_mesh(cache):
+        check_layout(store_layout(rows.ndim), cache, slot_mapping, rows)

@@ -1,0 +1,334 @@
+"""Sharded-call checks, run in a process of their own with forced host devices.
+
+``python -m qsa_testing.sharding_checks [--pallas]`` must start with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (tests/test_sharding.py
+does that) and prints one JSON list: for every case its name and ``problem``
+(None when the case passed). Every supported layout at 2, 4 and 8 devices is
+compared bit for bit with the one-device call, its compiled program searched
+for collectives, and every unsupported layout must raise naming the argument.
+One process runs all cases: starting JAX costs more than most cases.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import qsa_jax
+from qsa_jax.config import select_config
+from qsa_testing.cases import (add_edge_rows, compress_case, poison_unreferenced, sparse_attention_case,
+                               store_case)
+
+COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
+
+
+def make_mesh(shape, names, explicit=False):
+    devices = np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape)
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return jax.sharding.Mesh(devices, names, axis_types=(kind,) * len(names))
+
+
+def put(mesh, x, *spec):
+    return jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(*spec)))
+
+
+def collectives_in(jitted, *args) -> list[str]:
+    text = jitted.lower(*args).compile().as_text()
+    return [c for c in COLLECTIVES if c in text]
+
+
+def bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint16) if x.dtype.itemsize == 2 else x
+
+
+def compare(name, got, want, jitted, args) -> str | None:
+    """None, or what is wrong with a sharded result."""
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        if g.shape != w.shape or not np.array_equal(bits(g), bits(w)):
+            diff = np.argwhere(bits(g) != bits(w)) if g.shape == w.shape else "shape"
+            return f"not bit-identical to the one-device call (first differences {str(diff[:3])})"
+    found = collectives_in(jitted, *args)
+    return f"compiled program holds {found}" if found else None
+
+
+# --- sparse_attention -----------------------------------------------------
+
+HEADS, KV_HEADS, DIM, ROWS = 8, 2, 16, 16
+
+
+def attention_case(seed):
+    rng = np.random.default_rng(seed)
+    case = sparse_attention_case(rng, rows=ROWS, num_query_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM,
+                                 page_size=16, selection_blocks=12, context_tokens=120, num_requests=5,
+                                 num_pages=48)
+    add_edge_rows(rng, case)
+    return case
+
+
+def attention_layouts(n):
+    """(name, mesh shape, axis names, rows axis, heads axis) of each supported layout on n devices."""
+    out = [("heads", (n,), ("model",), None, "model"), ("rows", (n,), ("data",), "data", None)]
+    for h in (2, 4):
+        if h < n:
+            out.append((f"rows{n // h}xheads{h}", (n // h, h), ("data", "model"), "data", "model"))
+    return out
+
+
+def attention_checks(n, implementation, results, explicit_too=True, layouts=None):
+    for i, (lname, shape, names, rows_ax, heads_ax) in enumerate(layouts or attention_layouts(n)):
+        for explicit in ((False, True) if explicit_too and i == 0 else (False,)):
+            fused = i % 2 == 0
+            name = (f"sparse_attention/{implementation}/{n}dev/{lname}/{'fused' if fused else 'split'}"
+                    + ("/explicit" if explicit else ""))
+            results.append(_attention_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit,
+                                           implementation))
+
+
+def _attention_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
+    try:
+        mesh = make_mesh(shape, names, explicit)
+        head_shards = mesh.shape[heads_ax] if heads_ax else 1
+        local_rows = ROWS // (mesh.shape[rows_ax] if rows_ax else 1)
+        local_kv = max(1, KV_HEADS // head_shards)
+        case = attention_case(n)
+        config = select_config(local_rows, local_kv, False, case.selection_width)
+        case = poison_unreferenced(case, config)
+        # The one-device reference: the original 2-KV-head cache, the shard's tiling.
+        kv_ref = case.kv_cache if fused else case.split_caches()
+        want = qsa_jax.sparse_attention(case.q, jax.tree.map(jnp.asarray, kv_ref), case.logical_indices,
+                                        case.block_table, case.token_to_req, case.output_gate,
+                                        config=config, implementation=implementation)
+        repeats = max(1, head_shards // KV_HEADS)
+        kv = qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv_ref), repeats) if repeats > 1 else kv_ref
+        kv = (put(mesh, kv, None, heads_ax) if fused
+              else tuple(put(mesh, x, None, None, heads_ax) for x in kv))
+        # One layout takes the gate as [R, H * D] (vLLM's flat gate), split like q's heads.
+        gate = case.output_gate.reshape(ROWS, -1) if "/4dev/rows2xheads2/" in name else case.output_gate
+        args = (put(mesh, case.q, rows_ax, heads_ax), kv, put(mesh, case.logical_indices, rows_ax),
+                put(mesh, case.block_table), put(mesh, case.token_to_req, rows_ax),
+                put(mesh, gate, rows_ax, heads_ax))
+        jitted = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation=implementation))
+        problem = compare(name, jitted(*args), want, jitted, args)
+        if problem is None and not explicit:  # the eager call goes the same way
+            eager = compare(name, qsa_jax.sparse_attention(*args, implementation=implementation), want,
+                            jitted, args)
+            problem = eager and "eager call: " + eager
+        return {"name": name, "problem": problem}
+    except Exception:  # noqa: BLE001 - reported as the case's problem
+        return {"name": name, "problem": traceback.format_exc(limit=4)}
+
+
+def strided_query_check(results):
+    """A StridedQuery (a wider qkv array read in place) with everything whole on a mesh."""
+    name = "sparse_attention/xla/2dev/StridedQuery-replicated"
+    try:
+        case = attention_case(11)
+        mesh = make_mesh((2,), ("data",))
+        qkv = np.concatenate([case.q.reshape(ROWS, -1), case.output_gate.reshape(ROWS, -1)], axis=1)
+
+        def call(qkv, *rest):
+            q = qsa_jax.StridedQuery.from_columns(qkv, start=0, num_heads=HEADS, head_dim=DIM)
+            return qsa_jax.sparse_attention(q, *rest, implementation="xla")
+
+        rest = (case.kv_cache, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
+        want = call(jnp.asarray(qkv), *(jnp.asarray(x) for x in rest))
+        args = (put(mesh, qkv),) + tuple(put(mesh, x) for x in rest)
+        jitted = jax.jit(call)
+        results.append({"name": name, "problem": compare(name, jitted(*args), want, jitted, args)})
+    except Exception:  # noqa: BLE001
+        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+
+def gradient_check(results):
+    """jax.grad through a sharded call (the custom_vjp outermost) equals the one-device gradient.
+    Only the plain forward runs per shard: the backward is XLA's to partition, so no HLO check."""
+    name = "sparse_attention/xla/4dev/rows2xheads2/grad"
+    try:
+        case = attention_case(5)
+        mesh = make_mesh((2, 2), ("data", "model"))
+        specs = (("data", "model"), (None, "model"), ("data",), (), ("data",), ("data", "model"))
+        arrays = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
+                  case.output_gate)
+
+        def loss(*a):
+            out = qsa_jax.sparse_attention(*a, config=select_config(ROWS // 2, 1, False, case.selection_width),
+                                           implementation="xla")
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+
+        grad = jax.grad(loss, argnums=(0, 1, 5))
+        got = jax.jit(grad)(*(put(mesh, x, *spec) for x, spec in zip(arrays, specs)))
+        want = grad(*(jnp.asarray(x) for x in arrays))
+        same = all(np.array_equal(bits(g), bits(w)) for g, w in zip(got, want))
+        results.append({"name": name, "problem": None if same else "gradients differ from one device"})
+    except Exception:  # noqa: BLE001
+        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+
+# --- indexer operators ----------------------------------------------------
+
+def compress_checks(n, implementation, results):
+    case = compress_case(np.random.default_rng(100 + n), chunk_lens=[5, 7, 3, 9], edge=True)
+    a = case.arrays()
+    order = ("raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
+             "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")
+    want = qsa_jax.compress_groups_with_ratio(*(a[k] for k in order), case.compress_ratio, a["rope_cache"],
+                                              implementation=implementation)
+    layouts = [((n,), ("data",), False), ((n // 2, 2), ("data", "model"), False)]
+    layouts += [((n,), ("data",), True)] if n == 4 else []
+    for shape, names, explicit in layouts:
+        name = (f"compress/{implementation}/{n}dev/rows{shape[0]}" + ("" if len(shape) == 1 else "-of-2d")
+                + ("/explicit" if explicit else ""))
+        try:
+            mesh = make_mesh(shape, names, explicit)
+            per_row = {"token_to_req", "logical_positions", "compressed_slots"}
+            args = [put(mesh, a[k], "data" if k in per_row else None) for k in order] + [put(mesh, a["rope_cache"])]
+
+            def call(*x, ratio=case.compress_ratio):
+                return qsa_jax.compress_groups_with_ratio(*x[:8], ratio, x[8], implementation=implementation)
+
+            jitted = jax.jit(call)
+            problem = compare(name, jitted(*args), want, jitted, args)
+            if problem is None and n == 2 and not explicit:  # without rope_cache (its own layout)
+                plain = jax.jit(lambda *x: qsa_jax.compress_groups_with_ratio(
+                    *x, case.compress_ratio, implementation=implementation))
+                no_rope = qsa_jax.compress_groups_with_ratio(*(a[k] for k in order), case.compress_ratio,
+                                                             implementation=implementation)
+                problem = compare(name, plain(*args[:8]), no_rope, plain, args[:8])
+            results.append({"name": name, "problem": problem})
+        except Exception:  # noqa: BLE001
+            results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+
+def store_checks(n, implementation, results):
+    case = store_case(np.random.default_rng(200 + n), n=24, pages=16, page_size=4, width=24)
+    want = qsa_jax.store_cache_rows(case.cache, case.slot_mapping, case.rows, implementation=implementation)
+    layouts = [("pages", (n,), ("pages",), False), (None, (n,), ("data",), False)]
+    layouts += [("pages", (n,), ("pages",), True)] if n == 4 else []
+    for pages_ax, shape, names, explicit in layouts:
+        name = (f"store/{implementation}/{n}dev/" + ("pages-split" if pages_ax else "replicated")
+                + ("/explicit" if explicit else ""))
+        try:
+            mesh = make_mesh(shape, names, explicit)
+            args = (put(mesh, case.cache, pages_ax), put(mesh, case.slot_mapping), put(mesh, case.rows))
+            jitted = jax.jit(lambda *x: qsa_jax.store_cache_rows(*x, implementation=implementation))
+            problem = compare(name, jitted(*args), want, jitted, args)
+            if problem is None and pages_ax and not explicit:  # eager, the cache donated (in place)
+                fresh = (put(mesh, case.cache, pages_ax),) + args[1:]
+                donated = qsa_jax.store_cache_rows(*fresh, donate=True, implementation=implementation)
+                eager = compare(name, donated, want, jitted, args)
+                problem = eager and "eager donated call: " + eager
+            results.append({"name": name, "problem": problem})
+        except Exception:  # noqa: BLE001
+            results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+
+# --- layouts that must be refused -----------------------------------------
+
+def bad_layout_checks(results):
+    """Each unsupported layout raises, eagerly before tracing and under jit, naming the argument."""
+    case = attention_case(7)
+    mesh = make_mesh((2, 4), ("data", "model"))
+    kv4 = qsa_jax.repeat_kv_heads(jnp.asarray(case.kv_cache), 2)
+
+    def attention(q=(None,), kv=(), kv_array=None, li=(), gate=(None,)):
+        return (put(mesh, case.q, *q), put(mesh, case.kv_cache if kv_array is None else kv_array, *kv),
+                put(mesh, case.logical_indices, *li), put(mesh, case.block_table),
+                put(mesh, case.token_to_req, *li[:1]), put(mesh, case.output_gate, *gate))
+
+    cases = {
+        "q head_dim split": (qsa_jax.sparse_attention, attention(q=(None, None, "model")), "q"),
+        "kv pages split": (qsa_jax.sparse_attention, attention(kv=("model",)), "kv_cache"),
+        "heads split, KV heads whole": (qsa_jax.sparse_attention,
+                                        attention(q=(None, "model"), gate=(None, "model")), "kv_cache"),
+        "heads and KV heads on different axes": (
+            qsa_jax.sparse_attention, attention(q=(None, "model"), gate=(None, "model"), kv=(None, "data"),
+                                                kv_array=kv4), "kv_cache"),
+        "rows split differently": (qsa_jax.sparse_attention, attention(q=("data",), li=("model",)),
+                                   "logical_indices"),
+    }
+    cc = compress_case(np.random.default_rng(3), chunk_lens=[4, 4])
+    ca = cc.arrays()
+    order = ("raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
+             "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")
+    rows_split = {"raw_keys", "token_to_req", "logical_positions", "compressed_slots"}
+    compress_args = [put(mesh, ca[k], "data" if k in rows_split else None) for k in order]
+    cases["compress raw_keys split"] = (
+        lambda *x, implementation=None: qsa_jax.compress_groups_with_ratio(
+            *x, cc.compress_ratio, implementation=implementation), compress_args, "raw_keys")
+    sc = store_case(np.random.default_rng(4), n=8, pages=8, page_size=4, width=24)
+    cases["store rows split"] = (qsa_jax.store_cache_rows, (put(mesh, sc.cache, "model"),
+                                 put(mesh, sc.slot_mapping, "data"), put(mesh, sc.rows, "data")), "slot_mapping")
+    cases["store cache whole, rows split"] = (qsa_jax.store_cache_rows, (put(mesh, sc.cache),
+                                              put(mesh, sc.slot_mapping), put(mesh, sc.rows, "data")), "rows")
+    strided = qsa_jax.StridedQuery.from_columns(put(mesh, case.q.reshape(case.q.shape[0], -1)), start=0,
+                                                num_heads=HEADS, head_dim=DIM)
+    cases["StridedQuery, rows split"] = (
+        qsa_jax.sparse_attention, (strided, put(mesh, case.kv_cache), put(mesh, case.logical_indices, "data"),
+                                   put(mesh, case.block_table), put(mesh, case.token_to_req, "data"),
+                                   put(mesh, case.output_gate, "data")), "StridedQuery")
+    explicit = make_mesh((2, 4), ("data", "model"), explicit=True)
+    cases["explicit mesh: heads split, KV heads whole"] = (
+        qsa_jax.sparse_attention, (put(explicit, case.q, None, "model"), put(explicit, case.kv_cache),
+                                   *(put(explicit, getattr(case, k)) for k in
+                                     ("logical_indices", "block_table", "token_to_req")),
+                                   put(explicit, case.output_gate, None, "model")), "kv_cache")
+    for label, (fn, args, argname) in cases.items():
+        for how in ("eager", "jit"):
+            name = f"bad/{label}/{how}"
+            call = fn if how == "eager" else jax.jit(lambda *x, fn=fn: fn(*x, implementation="xla"))
+            try:
+                call(*args) if how == "jit" else call(*args, implementation="xla")
+            except qsa_jax.MeshLayoutError as exc:
+                ok = argname in str(exc)
+                problem = None if ok else f"the error does not name {argname}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - under Auto-axes jit XLA wraps our error
+                ok = how == "jit" and "MeshLayoutError" in str(exc) and argname in str(exc)
+                problem = None if ok else f"{type(exc).__name__}: {str(exc)[:400]}"
+            else:
+                problem = "no error"
+            results.append({"name": name, "problem": problem})
+
+
+def control_check(results):
+    """The collective search itself: a program that must all-reduce is caught."""
+    mesh = make_mesh((8,), ("data",))
+    x = put(mesh, np.arange(64, dtype=np.float32), "data")
+    found = collectives_in(jax.jit(jnp.sum), x)
+    results.append({"name": "control/sharded sum shows a collective",
+                    "problem": None if found else "the collective search missed an all-reduce"})
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if jax.device_count() < 8:
+        print(json.dumps([{"name": "setup", "problem": f"needs 8 devices, has {jax.device_count()}"}]))
+        return 1
+    results: list[dict] = []
+    control_check(results)
+    strided_query_check(results)
+    gradient_check(results)
+    for n in (2, 4, 8):
+        attention_checks(n, "xla", results)
+        compress_checks(n, "xla", results)
+        store_checks(n, "xla", results)
+    if "--pallas" in argv:  # the interpreter is slow: one layout of each kind
+        attention_checks(8, "pallas", results, explicit_too=False,
+                         layouts=[x for x in attention_layouts(8) if x[0] == "rows4xheads2"])
+        attention_checks(4, "pallas", results, explicit_too=False,
+                         layouts=[x for x in attention_layouts(4) if x[0] == "heads"])
+        compress_checks(2, "pallas", results)
+        store_checks(4, "pallas", results)
+    bad_layout_checks(results)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
