@@ -33,7 +33,7 @@ def test_bench_cpu_mode_tiny(tmp_path):
     assert res["copy_bandwidth"]["gbps"] > 0
     table = summarize.summary_table(res)
     assert "sparse_attention — TP4" in table and "NOT a GPU measurement" in table
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401  (a test dependency: the plot must be drawn, not skipped)
     assert (out / "sparse_attention.png").stat().st_size > 0
     assert (out / "indexer_ops.png").stat().st_size > 0
 

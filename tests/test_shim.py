@@ -122,6 +122,30 @@ def test_compress_packed_ring_is_imported_whole(case, pooled, first, monkeypatch
     assert a["_store"].data_ptr() in imported, "the packed ring storage was not imported whole"
 
 
+@pytest.mark.parametrize("field", ["token_to_req", "compressor_state_block_table"])
+def test_compress_int64_metadata_past_int32_saturates(field):
+    """int64 request ids and ring blocks beyond int32 are out of range, as in the originals:
+    the shim narrows them by saturation, never by wrapping (2**32 + r would wrap to the valid
+    request r, and -2**32 + b to the valid block b)."""
+    rng = np.random.default_rng()
+    case = C.compress_case(rng, chunk_lens=[5, 1, 9, 3], with_rope=True, ring=8)
+    values = getattr(case, field).astype(np.int64)
+    flat = values.reshape(-1)
+    flat[::2] += 2**32
+    flat[1::4] -= 2**32
+    setattr(case, field, values)
+    a = _compress_torch(case)
+    for name in ("compressor_state_block_table", "token_to_req", "query_start_loc", "compressed_slots"):
+        a[name] = _cpu(np.asarray(getattr(case, name), np.int64))
+    args = [getattr(case, k) for k in (
+        "raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
+        "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")]
+    ref_pooled, ref_first = oracle.compress_groups_oracle(*args, case.compress_ratio, case.rope_cache)
+    got_pooled, got_first = _compress_call(a)
+    np.testing.assert_array_equal(to_numpy(got_pooled).astype(np.float64), ref_pooled)
+    np.testing.assert_array_equal(to_numpy(got_first), ref_first)
+
+
 @pytest.mark.parametrize("offset", [2**31 - 20, 2**32 + 3, 2**40 + 5, -(2**33)])
 @pytest.mark.parametrize("rope", [True, False])
 def test_compress_int64_positions_stay_exact(offset, rope):
