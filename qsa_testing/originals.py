@@ -209,10 +209,16 @@ def load(version: str = VLLM_VERSION) -> types.ModuleType:
 
 
 def load_or_skip(version: str = VLLM_VERSION):
-    """For pytest: ``version``'s originals module, or a skip that says why not."""
+    """For pytest: ``version``'s originals module, or a skip that says why not.
+
+    Under CI (``CI`` set, as the CI runner does) a missing original is a failure, not a
+    skip: the parity tests that need it (``select_config``, exception types, the
+    interpreter runs) must not pass silently because a download failed."""
     import pytest
 
     try:
         return load(version)
     except OriginalsUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"vLLM {version} originals unavailable under CI: {exc}")
         pytest.skip(f"vLLM {version} originals unavailable: {exc}")

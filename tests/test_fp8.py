@@ -304,12 +304,7 @@ def test_table_and_capability_errors():
 def _load_034():
     from qsa_testing import originals
 
-    try:
-        return originals.load(version="0.34.0")
-    except TypeError:
-        pytest.skip("qsa_testing.originals.load(version=...) does not exist yet")
-    except originals.OriginalsUnavailable as exc:
-        pytest.skip(f"vLLM 0.34.0 originals unavailable: {exc}")
+    return originals.load_or_skip("0.34.0")
 
 
 @pytest.mark.parametrize("cap", [(9, 0), (12, 0), (8, 0), (10, 0), (8, 9)])
