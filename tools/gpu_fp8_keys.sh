@@ -8,13 +8,13 @@
 #      off then on, in $OUT/off and $OUT/on (results.md each).
 #   3. The GPU bit-identity test of the knob.
 # Usage (device tool; carry .whl .cache/originals): bash tools/gpu_fp8_keys.sh
-# Knobs: ROWS (default 128,256,512,1024,2048), GRID_TIMEOUT (per grid, default 200).
+# Knobs: ROWS (default 128,256,512,1024,2048), GRID_TIMEOUT (per grid, default 150; the whole call stays under 600 s).
 source tools/gpu_env.sh
 set -o pipefail
 knob='import qsa_jax.config as c; c.pallas_fp8_keys_via_f16 = lambda: True'
 for state in off on; do
   dump="$OUT/xla_dump_$state"
-  XLA_FLAGS="--xla_dump_to=$dump" timeout 120 python3 - "$state" <<'PY' > "$OUT/dump_$state.log" 2>&1
+  XLA_FLAGS="--xla_dump_to=$dump" timeout 90 python3 - "$state" <<'PY' > "$OUT/dump_$state.log" 2>&1
 import sys
 import jax, jax.numpy as jnp, numpy as np
 import qsa_jax, qsa_jax.config as c
@@ -38,7 +38,7 @@ PY
 done
 grid() {  # $1: off|on
   local pre=""; [ "$1" = on ] && pre="$knob; "
-  timeout -s TERM "${GRID_TIMEOUT:-200}" python3 -c "${pre}import runpy, sys; sys.argv = ['bench.run'] + sys.argv[1:]; runpy.run_module('bench.run', run_name='__main__')" \
+  timeout -s TERM "${GRID_TIMEOUT:-150}" python3 -c "${pre}import runpy, sys; sys.argv = ['bench.run'] + sys.argv[1:]; runpy.run_module('bench.run', run_name='__main__')" \
     --op sparse --impl original034,pallas --kv-dtype fp8 --tp TP1 --rows "${ROWS:-128,256,512,1024,2048}" \
     --n-calls 10 --eager-calls 3 --no-progress --no-plot --out "$OUT/$1" > "$OUT/grid_$1.log" 2>&1
   echo "grid $1 rc=$?"; rm -f "$OUT/$1/results.partial.json"
@@ -46,6 +46,6 @@ grid() {  # $1: off|on
 }
 grid off
 grid on
-timeout 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE tests/test_fp8.py -k keys_via_f16 \
+timeout 90 python3 -m pytest -q -s -m gpu -p no:cacheprovider -rfE tests/test_fp8.py -k keys_via_f16 \
   > "$OUT/knob_tests.log" 2>&1
 echo "knob gpu tests rc=$?"; grep -E "passed|failed|FAILED" "$OUT/knob_tests.log" | tail -4
