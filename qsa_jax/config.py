@@ -300,6 +300,22 @@ def pallas_prefetch(config: SparseAttentionConfig) -> bool:
     return False
 
 
+def pallas_fp8_keys_via_f16() -> bool:
+    """Whether the Pallas sparse-attention kernel turns an fp8 K tile into bf16 by way
+    of fp16 and fp32 (e4m3 -> f16 -> f32 -> bf16) instead of Triton's direct e4m3 -> bf16.
+
+    Bit-identical (every step is exact for e4m3 values). On sm_90 Triton lowers the
+    direct conversion to the e4m3x2 -> f16x2 instruction followed by two scalar
+    f16 -> bf16 conversions (F2F, the slow conversion pipe) and byte permutes per pair;
+    through fp32 the widening is HADD2.F32 (FMA pipe) and the narrowing one packed
+    F2FP, as vLLM 0.34.0's kernel compiles. CPU lowering (tools/sm90_ptx_fp8.py): the
+    256 F2F.BF16.F16 and 128 PRMT per thread per 64-column tile disappear; registers
+    and spills stay as they are (notes/pallas.md, "fp8 loads on sm_90"). Off until
+    timed on a Hopper GPU.
+    """
+    return False
+
+
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
 # Up to this many (row, head) pairs the merge splits D, for more programs than SMs.

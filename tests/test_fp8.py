@@ -348,6 +348,21 @@ def test_reachable_configs_and_warmup_with_fp8():
 # ------------------------------------------------------------------------ Pallas's Triton IR, on CPU
 
 
+def _print_pallas_ttir_for_sm90(monkeypatch):
+    """Lowering Pallas for "cuda" on this CPU machine as for an sm_90 GPU, each
+    pallas_call printing its Triton IR (``debug=True``) for capsys to read."""
+    import jax._src.pallas.pallas_call as pallas_call_module
+    from jax._src.pallas.triton import gpu_info, pallas_call_registration
+
+    from qsa_jax.ops.sparse_attention import pallas
+
+    monkeypatch.setattr(pallas_call_registration.gpu_info_lib, "get_gpu_info",
+                        lambda: gpu_info.GpuInfo(gpu_version=None, arch_name="sm_90", compute_capability=90))
+    monkeypatch.setattr("qsa_jax._implementations.backend", lambda: "gpu")
+    original = pallas_call_module.pallas_call
+    monkeypatch.setattr(pallas.pl, "pallas_call", lambda *a, **k: original(*a, **{**k, "debug": True}))
+
+
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "uint8"])
 def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
     """The Pallas kernel lowered for an sm_90 GPU (on this CPU machine): K and V are
@@ -356,17 +371,11 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
     import re
 
     import jax
-    import jax._src.pallas.pallas_call as pallas_call_module
     import jax.numpy as jnp
-    from jax._src.pallas.triton import gpu_info, pallas_call_registration
 
     from qsa_jax.ops.sparse_attention import base, pallas
 
-    monkeypatch.setattr(pallas_call_registration.gpu_info_lib, "get_gpu_info",
-                        lambda: gpu_info.GpuInfo(gpu_version=None, arch_name="sm_90", compute_capability=90))
-    monkeypatch.setattr("qsa_jax._implementations.backend", lambda: "gpu")
-    original = pallas_call_module.pallas_call
-    monkeypatch.setattr(pallas.pl, "pallas_call", lambda *a, **k: original(*a, **{**k, "debug": True}))
+    _print_pallas_ttir_for_sm90(monkeypatch)
     rows, heads, d, w = 4, 24, 256, 2051
     sds = jax.ShapeDtypeStruct
     q = sds((rows, heads, d), jnp.bfloat16)
@@ -386,6 +395,73 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
     assert re.search(r"tt.fp_to_fp %\d+ : tensor<32x256xf8E4M3FN> -> tensor<32x256xf16>", ttir)
     assert re.search(r"tt.dot .*tensor<16x256xbf16> \* tensor<256x32xbf16>", ttir)
     assert re.search(r"tt.dot .*tensor<16x32xf16> \* tensor<32x256xf16>", ttir)
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_pallas_fp8_keys_via_f16_is_bit_identical(as_bytes, monkeypatch):
+    """The opt-in K conversion e4m3 -> f16 -> f32 -> bf16 (config.pallas_fp8_keys_via_f16)
+    gives the default's output bit for bit (Pallas, interpret mode). K holds every finite
+    e4m3 code (subnormals, +-0, +-448) so each conversion is exercised; unreferenced rows
+    are poisoned (K 448, V NaN), so the variant's masking is checked too. (Degenerate rows
+    do not reach the conversion differently; the other tests cover them.)"""
+    from qsa_jax.ops.sparse_attention.api import _run as jitted
+
+    rng = np.random.default_rng(31)
+    case = _case(seed=31, rows=6)
+    d = case.head_dim
+    bits = _fp8(case.kv_cache, spread=3.0).view(np.uint8).copy()
+    finite = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)
+    cfg = SparseAttentionConfig(16, 1, -(-case.selection_width // 16), 2)
+    unref = np.broadcast_to(~C.referenced_rows(case, cfg)[:, None, :, None], bits.shape)
+    keys = bits[..., :d]  # a view: the writes below land in bits
+    read = int((~unref[..., :d]).sum())
+    assert read >= finite.size
+    keys[~unref[..., :d]] = np.resize(rng.permutation(finite), read)  # every code is read
+    keys[unref[..., :d]] = 0x7E
+    bits[..., d:][unref[..., d:]] = 0x7F
+    kv = bits if as_bytes else bits.view(E4M3)
+    outs = []
+    for knob in (False, True):
+        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        jitted.clear_cache()  # the knob is read while tracing
+        outs.append(_run(case, kv, "pallas", cfg, k_scale=K_SCALE, v_scale=V_SCALE))
+    jitted.clear_cache()
+    assert not np.isnan(outs[0].astype(np.float32)).any()
+    np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))
+
+
+def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
+    """With the knob on, the Pallas kernel lowered for sm_90 (on CPU) turns the K tile
+    to bf16 through f16 and f32 -- no direct e4m3 -> bf16 conversion, which Triton
+    compiles to scalar F2F.BF16.F16 instructions on sm_90 (notes/pallas.md)."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention import base, pallas
+
+    _print_pallas_ttir_for_sm90(monkeypatch)
+    rows, heads, d, w = 2, 4, 64, 67
+    sds = jax.ShapeDtypeStruct
+    q = sds((rows, heads, d), jnp.bfloat16)
+    kv = sds((8, 2, 16, 2 * d), jnp.uint8)
+    li, bt, tr = sds((rows, w + 1), jnp.int32), sds((rows, 8), jnp.int32), sds((rows,), jnp.int32)
+    problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False,
+                                               config=(32, 2, 3, 1), scales_given=(True, True))
+    irs = {}
+    for knob in (False, True):
+        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        capsys.readouterr()
+        jax.jit(lambda *a: pallas.run(problem, *a[:6], scales=a[6])).trace(
+            q, (kv,), li, bt, tr, q, sds((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
+        irs[knob] = capsys.readouterr().out
+    direct = r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xbf16>"
+    assert re.search(direct, irs[False])
+    assert not re.search(direct, irs[True])
+    assert re.search(r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xf16>", irs[True])
+    assert re.search(r"arith.extf %\d+ : tensor<64x32xf16> to tensor<64x32xf32>", irs[True])
+    assert re.search(r"arith.truncf %\d+ : tensor<64x32xf32> to tensor<64x32xbf16>", irs[True])
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e4m3_bytes", "bf16_scaled", "bf16"])
@@ -630,3 +706,30 @@ def test_host_scales_first_seen_inside_a_jit_do_not_leak():
     again = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation="xla", **scales))(*args)
     np.testing.assert_array_equal(np.asarray(inside).view(np.uint16), np.asarray(eager).view(np.uint16))
     np.testing.assert_array_equal(np.asarray(again).view(np.uint16), np.asarray(eager).view(np.uint16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [(64, 2, 33, 1), (32, 2, 65, 4)])
+def test_gpu_pallas_fp8_keys_via_f16_is_bit_identical(config, monkeypatch):
+    """On the GPU (real conversion instructions): the opt-in K conversion through f16/f32
+    gives the default's output bit for bit, at the TP1 shapes and the fp8 table's two
+    bandwidth-bound launches; the cache holds random finite e4m3 bytes."""
+    import jax
+
+    from qsa_jax.ops.sparse_attention.api import _run as jitted
+
+    if jax.default_backend() not in ("gpu", "cuda"):
+        pytest.skip("needs a CUDA GPU")
+    rng = np.random.default_rng(57)
+    case = C.sparse_attention_case(rng, rows=256, num_query_heads=24, num_kv_heads=2, head_dim=256,
+                                   page_size=64, selection_blocks=512, context_tokens=4096, num_requests=8)
+    finite = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)
+    kv = jax.device_put(rng.choice(finite, case.kv_shape))
+    outs = []
+    for knob in (False, True):
+        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        jitted.clear_cache()
+        outs.append(_run(case, kv, "pallas", config, k_scale=K_SCALE, v_scale=V_SCALE))
+    jitted.clear_cache()
+    assert not np.isnan(outs[0].astype(np.float32)).any()
+    np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))

@@ -42,6 +42,7 @@ def main() -> int:
     import qsa_jax
     import qsa_jax.config as config
     from bench.backward import _with_relaxed_atomics
+    from sm90_ptx_fp8 import captured_triton_ir  # this script's folder is on sys.path
     from qsa_jax.ops.sparse_attention import backward_pallas, pallas
     from qsa_testing import cases as C
 
@@ -52,57 +53,49 @@ def main() -> int:
         backward_pallas.DEFAULT_BLOCK_N = a.block_n
     if a.warps:
         backward_pallas.DEFAULT_WARPS = a.warps
-    captured = []
-    lower = registration.lowering.lower_jaxpr_to_triton_module
-
-    def capture(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        captured.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    registration.lowering.lower_jaxpr_to_triton_module = capture
     ptxas = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))[0]
     checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
     print("| rows | H | Hk | kernel | warps | registers | spill stores B | shared B | atomics |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for rows, heads, hk in ((2, 24, 2), (1100, 24, 2), (4, 6, 1), (1100, 6, 1)):
-        captured.clear()
-        case = C.sparse_attention_case(
-            np.random.default_rng(rows), rows=rows, num_query_heads=heads, num_kv_heads=hk,
-            head_dim=256, page_size=64, selection_blocks=64, context_tokens=1024, num_requests=2,
-            make_cache=False)
-        li, bt, tr = (jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
-        q = jax.ShapeDtypeStruct(case.q.shape, jnp.bfloat16)
-        kv = jax.ShapeDtypeStruct(case.kv_shape, jnp.bfloat16)
+    with captured_triton_ir() as captured:
+        for rows, heads, hk in ((2, 24, 2), (1100, 24, 2), (4, 6, 1), (1100, 6, 1)):
+            captured.clear()
+            case = C.sparse_attention_case(
+                np.random.default_rng(rows), rows=rows, num_query_heads=heads, num_kv_heads=hk,
+                head_dim=256, page_size=64, selection_blocks=64, context_tokens=1024, num_requests=2,
+                make_cache=False)
+            li, bt, tr = (jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
+            q = jax.ShapeDtypeStruct(case.q.shape, jnp.bfloat16)
+            kv = jax.ShapeDtypeStruct(case.kv_shape, jnp.bfloat16)
 
-        def loss(q, kv, g):
-            out = qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation="pallas")
-            return jnp.sum(out.astype(jnp.float32))
+            def loss(q, kv, g):
+                out = qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation="pallas")
+                return jnp.sum(out.astype(jnp.float32))
 
-        def export():
-            return jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["cuda"],
-                                     disabled_checks=checks)(q, kv, q).mlir_module()
+            def export():
+                return jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["cuda"],
+                                         disabled_checks=checks)(q, kv, q).mlir_module()
 
-        module = _with_relaxed_atomics(export) if a.relaxed_atomics else export()
-        warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)', module))
-        with tempfile.TemporaryDirectory() as tmp:
-            for ttir in captured:
-                name = re.search(r"tt.func public @(\w+)", ttir).group(1)
-                path = os.path.join(tmp, name + ".ttir")
-                with open(path, "w") as f:
-                    f.write(ttir)
-                kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
-                                        options=dict(num_warps=int(warps[name]), num_stages=2))
-                ptx = kernel.asm["ptx"]
-                with open(path + ".ptx", "w") as f:
-                    f.write(ptx)
-                info = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", path + ".ptx", "-o", path + ".cubin"],
-                                      capture_output=True, text=True).stderr
-                regs = re.search(r"Used (\d+) registers", info).group(1)
-                spills = re.search(r"(\d+) bytes spill stores", info).group(1)
-                atomics = sorted(set(re.findall(r"atom\.global\.[\w.]+", ptx)))
-                print(f"| {rows} | {heads} | {hk} | {name} | {warps[name]} | {regs} | {spills} | "
-                      f"{kernel.metadata.shared} | {', '.join(atomics)} |")
+            module = _with_relaxed_atomics(export) if a.relaxed_atomics else export()
+            warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)', module))
+            with tempfile.TemporaryDirectory() as tmp:
+                for ttir in captured:
+                    name = re.search(r"tt.func public @(\w+)", ttir).group(1)
+                    path = os.path.join(tmp, name + ".ttir")
+                    with open(path, "w") as f:
+                        f.write(ttir)
+                    kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
+                                            options=dict(num_warps=int(warps[name]), num_stages=2))
+                    ptx = kernel.asm["ptx"]
+                    with open(path + ".ptx", "w") as f:
+                        f.write(ptx)
+                    info = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", path + ".ptx", "-o", path + ".cubin"],
+                                          capture_output=True, text=True).stderr
+                    regs = re.search(r"Used (\d+) registers", info).group(1)
+                    spills = re.search(r"(\d+) bytes spill stores", info).group(1)
+                    atomics = sorted(set(re.findall(r"atom\.global\.[\w.]+", ptx)))
+                    print(f"| {rows} | {heads} | {hk} | {name} | {warps[name]} | {regs} | {spills} | "
+                          f"{kernel.metadata.shared} | {', '.join(atomics)} |")
     return 0
 
 

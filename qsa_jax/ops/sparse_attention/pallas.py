@@ -79,7 +79,7 @@ def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int,
 
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
-                      masked: bool, prefetch: bool):
+                      masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False):
     # With k/v scales a (2,) fp32 ref [score scale, output scale] precedes the outputs.
     scales_ref, out_refs = (refs[0], refs[1:]) if p.scaled else (None, refs)
     kv = p.kv
@@ -140,7 +140,10 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         # fp8 (e4m3 values or bytes) is converted in registers, after the masked load.
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :], masked)
         values = _load_rows(v_ref, cache_row[:, None], (v_col + dims)[None, :], valid[:, None], masked)
-        return as_e4m3(keys_t).astype(key_dtype), as_e4m3(values).astype(value_dtype)
+        keys_t = as_e4m3(keys_t)
+        if fp8_keys_via_f16 and p.is_fp8:  # exact either way; see config.pallas_fp8_keys_via_f16
+            keys_t = keys_t.astype(jnp.float16).astype(jnp.float32)
+        return keys_t.astype(key_dtype), as_e4m3(values).astype(value_dtype)
 
     def attend(state, keys_t, values, valid):
         acc, norm, run_max = state  # [M, D], [M], [M] fp32
@@ -270,11 +273,12 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                  token_to_req, output_gate, scales=None, *, prefetch: bool | None = None,
-                 residuals: bool = False):
+                 residuals: bool = False, fp8_keys_via_f16: bool | None = None):
     """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
     fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``.
 
-    ``prefetch`` (no numeric effect) overrides ``config.pallas_prefetch``.
+    ``prefetch`` (no numeric effect) overrides ``config.pallas_prefetch``, and
+    ``fp8_keys_via_f16`` (bit-identical) ``config.pallas_fp8_keys_via_f16``.
     """
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
@@ -303,8 +307,12 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
         from qsa_jax.config import pallas_prefetch
 
         prefetch = pallas_prefetch(p.config)
+    if fp8_keys_via_f16 is None:
+        from qsa_jax.config import pallas_fp8_keys_via_f16
+
+        fp8_keys_via_f16 = pallas_fp8_keys_via_f16()
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
-                               masked=not interpreted, prefetch=prefetch)
+                               masked=not interpreted, prefetch=prefetch, fp8_keys_via_f16=fp8_keys_via_f16)
     inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     inputs += (scales,) if p.scaled else ()
     return pl.pallas_call(
