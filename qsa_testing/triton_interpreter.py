@@ -102,18 +102,18 @@ def interpreted_originals() -> types.ModuleType:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("interpreted_originals() needs a fresh process with TRITON_INTERPRET=1 set "
                            "before triton is imported")
-    key = originals._MODULE_NAME + "_interpreted"
+    key = originals.module_name() + "_interpreted"
     if key in sys.modules:
         return sys.modules[key]
     patch_interpreter()
-    compiled = sys.modules.pop(originals._MODULE_NAME, None)
+    compiled = sys.modules.pop(originals.module_name(), None)
     try:
         with _interpret_env():
             module = originals.load()
     finally:
-        sys.modules.pop(originals._MODULE_NAME, None)
+        sys.modules.pop(originals.module_name(), None)
         if compiled is not None:
-            sys.modules[originals._MODULE_NAME] = compiled
+            sys.modules[originals.module_name()] = compiled
     sys.modules[key] = module
     return module
 

@@ -514,7 +514,9 @@ def test_034_originals_in_triton_interpreter():
     _load_034()  # skips while the harness cannot load 0.34.0
     repo = pathlib.Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, __file__], cwd=repo, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", "TRITON_INTERPRET": "1"})
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "TRITON_INTERPRET": "1",
+                               # the script's own folder comes first on its path, not the repo's
+                               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0 and "INTERPRET034 OK" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
 
 
