@@ -82,28 +82,29 @@ def lower_case(name, rows, heads, hk, layout, fmt, config, launch=None, *, grad=
 captured: list[str] = []
 
 
-def patch_for_sm90(device: str = "h200") -> None:
-    """Lower Pallas for CUDA sm_90 here; ``device="h200"`` also makes the launch choice an H200's."""
+def patch_for_sm90(device: str = "h200", set_attr=setattr) -> None:
+    """Lower Pallas for CUDA sm_90 here; ``device="h200"`` also makes the launch choice an H200's.
+
+    ``set_attr``: how to patch (a test passes ``monkeypatch.setattr`` to undo it afterwards).
+    """
     from jax._src.pallas.triton import pallas_call_registration as registration
 
     import qsa_jax.config as config
     from qsa_jax.ops.sparse_attention import backward_pallas, pallas
 
-    registration.gpu_info_lib.get_gpu_info = lambda: types.SimpleNamespace(compute_capability=90)
-    backward_pallas.interpret = pallas.interpret = lambda: False
+    set_attr(registration.gpu_info_lib, "get_gpu_info", lambda: types.SimpleNamespace(compute_capability=90))
+    set_attr(pallas, "interpret", lambda: False)
+    set_attr(backward_pallas, "interpret", lambda: False)
     if device == "h200":
-        config.device_capability = lambda: (9, 0)
+        set_attr(config, "device_capability", lambda: (9, 0))
     lower = registration.lowering.lower_jaxpr_to_triton_module
-    if getattr(lower, "_qsa_capture", False):
-        return
 
     def capture(*args, **kwargs):
         result = lower(*args, **kwargs)
         captured.append(result.module.operation.get_asm(enable_debug_info=False))
         return result
 
-    capture._qsa_capture = True
-    registration.lowering.lower_jaxpr_to_triton_module = capture
+    set_attr(registration.lowering, "lower_jaxpr_to_triton_module", capture)
 
 
 def main() -> int:
