@@ -81,3 +81,20 @@ def test_launch_is_checked_before_any_launch():
         qsa_jax.PallasLaunch(num_stages=0)
     with pytest.raises(TypeError, match="TritonLaunch.prefetch must be a bool"):
         qsa_jax.TritonLaunch(prefetch=1)
+
+
+def test_a_shard_keeps_the_launch():
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+
+    s = jax.ShapeDtypeStruct
+    q = s((8, 24, 256), jnp.bfloat16)
+    knobs = qsa_jax.PallasLaunch(num_stages=3, merge_block_d=128)
+    problem = check_sparse_attention_args(
+        q, s((10, 2, 64, 512), jnp.bfloat16), s((8, 2052), jnp.int32), s((2, 64), jnp.int32),
+        s((8,), jnp.int32), q, use_prefill_config=False, config=None, launch=knobs)
+    shard = problem.for_shard(4, 12, 1)
+    assert shard.launch == knobs and shard.num_rows == 4
+    assert qsa_jax.config.pallas_launch(shard).merge_block_d == 128
