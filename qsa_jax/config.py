@@ -13,6 +13,12 @@ on CPU the default equals 0.30.0's.
 The tiling is part of the numerical contract (the rounding of the
 probabilities depends on which tiles share a running maximum), so outputs agree
 with a given vLLM version best when its table is used.
+
+How a tiling is launched lives here too, apart from the tiling: one frozen
+record of knobs per implementation (``PallasLaunch``, ``TritonLaunch``: warps,
+pipelining stages, prefetch, the split merge's block and warps), its default
+from ``pallas_launch`` / ``triton_launch``, and the caller's override
+``sparse_attention(..., launch=...)``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ class SparseAttentionConfig(NamedTuple):
     """
 
     block_n: int  # selection columns per tile (one K/V gather + two small matmuls)
-    num_warps: int  # warps per program (Triton-lowered kernels only)
+    num_warps: int  # the table's warps per program (what launches: pallas_launch / triton_launch)
     num_tiles: int  # ceil(W / block_n): tiles a full row would have
     num_splits: int  # split-K programs per (row, KV head); tiles dealt round-robin
 
