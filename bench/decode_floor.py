@@ -66,8 +66,10 @@ def _variants(tp, rows, geo, problem, inp, kv, t_orig, t_pallas, device_us) -> s
     common = (inp.q, kv, inp.block_table, inp.token_to_req, inp.gate, tuple(inp.idx))
 
     def chain(p, prefetch):
+        p = dataclasses.replace(p, launch=qsa_jax.PallasLaunch(prefetch=prefetch))
+
         def fn(q, kv, bt, t2r, gate, idx_sets):
-            return sequential_calls(lambda i: P.run(p, q, (kv,), i, bt, t2r, gate, prefetch=prefetch), idx_sets)
+            return sequential_calls(lambda i: P.run(p, q, (kv,), i, bt, t2r, gate), idx_sets)
         return fn
 
     heads, d = geo.num_query_heads, geo.head_dim

@@ -3,7 +3,8 @@
     python -m bench.decode_sweep [--cases TP1:1,TP4:1,TP1:4] [--n-calls 10] [--out FILE]
 
 Every variant keeps the tiling (block_n, tiles, splits: the numerics) and changes
-only how it is launched: the split kernel's warps, the merge's D chunk and warps.
+only how it is launched (``launch=qsa_jax.PallasLaunch(...)`` of the public call):
+the split kernel's warps, the merge's D chunk and warps.
 Each is timed by a profiler trace (``bench.kernel_trace``: the sum of the GPU's
 kernel durations per call; wall clocks at these sizes measure XLA's launcher) in
 one process on the same inputs, with the default first. Whether each variant's
@@ -16,7 +17,6 @@ splits), which moves last bits.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 import jax
@@ -35,10 +35,9 @@ def main() -> int:
     ap.add_argument("--out")
     a = ap.parse_args()
 
+    import qsa_jax
     from bench import inputs, kernel_trace, report
     from bench.timing import sequential_calls
-    from qsa_jax.ops.sparse_attention import pallas as P
-    from qsa_jax.ops.sparse_attention.api import _plan
 
     gpu = jax.default_backend() == "gpu"
     n = a.n_calls
@@ -50,21 +49,16 @@ def main() -> int:
         geo = inputs.geometry(tp, cpu=not gpu, pool_gb=1.0)
         _, kv = inputs.make_pool(geo, gpu=False, seed=3)
         inp = inputs.sparse_inputs(geo, rows, n, seed=rows)
-        problem, _ = _plan(inp.q, kv, inp.idx[0], inp.block_table, inp.token_to_req, inp.gate,
-                           use_prefill_config=False, config=None, implementation="pallas")
         args = (inp.q, kv, inp.block_table, inp.token_to_req, inp.gate, tuple(inp.idx))
         default_bits = None
         for split_warps, block_d, merge_warps in VARIANTS:
-            p = problem
-            if split_warps is not None:
-                p = dataclasses.replace(problem, config=problem.config._replace(num_warps=split_warps),
-                                        config_explicit=True)
             if block_d is not None and geo.head_dim % block_d:
                 continue
+            launch = qsa_jax.PallasLaunch(num_warps=split_warps, merge_block_d=block_d, merge_warps=merge_warps)
 
-            def chain(q, kv, bt, t2r, gate, idx_sets, p=p, block_d=block_d, merge_warps=merge_warps):
-                return sequential_calls(lambda i: P.run(p, q, (kv,), i, bt, t2r, gate, merge_block_d=block_d,
-                                                        merge_warps=merge_warps), idx_sets)
+            def chain(q, kv, bt, t2r, gate, idx_sets, launch=launch):
+                return sequential_calls(lambda i: qsa_jax.sparse_attention(
+                    q, kv, i, bt, t2r, gate, implementation="pallas", launch=launch), idx_sets)
 
             fn = jax.jit(chain)
             first = np.asarray(fn(*args)[0]).view(np.uint16)

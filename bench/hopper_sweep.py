@@ -209,37 +209,26 @@ class Case:
 
 
 def build_fn(case: Case, v: Variant):
-    """N sequential Pallas calls with ``v``'s tiling and launch. The implementation is
-    called directly (not through the jitted public entry point, whose trace cache is
-    keyed on the problem and would not see the stages knob)."""
+    """N sequential public Pallas calls with ``v``'s tiling (``config=``) and pipelining
+    depth (``launch=``: both are part of the jitted call's static problem)."""
     import jax
 
+    import qsa_jax
     from bench.timing import sequential_calls
-    from qsa_jax.ops.sparse_attention import pallas as P
-    from qsa_jax.ops.sparse_attention.api import _plan
 
     cfg = (v.block_n, v.warps, -(-case.width // v.block_n), v.splits)
-    inp = case.inp
-    problem, _ = _plan(inp.q, case.kv, inp.idx[0], inp.block_table, inp.token_to_req, inp.gate,
-                       use_prefill_config=False, config=cfg, implementation="pallas")
+    launch = qsa_jax.PallasLaunch(num_stages=v.stages)
 
     def chain(q, kv, idx_sets, bt, t2r, gate):
-        return sequential_calls(lambda i: P.run(problem, q, (kv,), i, bt, t2r, gate), idx_sets)
+        return sequential_calls(lambda i: qsa_jax.sparse_attention(
+            q, kv, i, bt, t2r, gate, config=cfg, implementation="pallas", launch=launch), idx_sets)
     return jax.jit(chain)
 
 
 def compile_all(jobs, pool):
-    """Lower serially (the Pallas lowering reads the stages knob at trace time) and
-    compile in threads (XLA's and Triton's compilers release the GIL)."""
-    from qsa_jax.ops.sparse_attention import pallas as P
-
-    lowered = []
-    for case, v in jobs:
-        P.DEFAULT_NUM_STAGES = v.stages
-        try:
-            lowered.append(build_fn(case, v).lower(*case.args))
-        finally:
-            P.DEFAULT_NUM_STAGES = 2
+    """Lower serially (tracing is Python) and compile in threads (XLA's and Triton's
+    compilers release the GIL)."""
+    lowered = [build_fn(case, v).lower(*case.args) for case, v in jobs]
     try:
         return list(pool.map(lambda low: low.compile(), lowered))
     except Exception as exc:  # noqa: BLE001 -- a threaded compile failing: do it serially

@@ -15,7 +15,7 @@ Each operator takes ``implementation=`` ("pallas", "triton", "xla" or None).
 
 from qsa_jax.ops.compress_groups import compress_groups_with_ratio
 from qsa_jax._implementations import available_implementations
-from qsa_jax.config import SparseAttentionConfig, reachable_configs, select_config
+from qsa_jax.config import PallasLaunch, SparseAttentionConfig, TritonLaunch, reachable_configs, select_config
 from qsa_jax.ops._sharding import MeshLayoutError, repeat_kv_heads
 from qsa_jax.ops.sparse_attention import StridedQuery, sparse_attention
 from qsa_jax.ops.store_cache_rows import store_cache_rows
@@ -23,8 +23,10 @@ from qsa_jax.warmup import enable_persistent_cache, warmup
 
 __all__ = [
     "MeshLayoutError",
+    "PallasLaunch",
     "SparseAttentionConfig",
     "StridedQuery",
+    "TritonLaunch",
     "available_implementations",
     "compress_groups_with_ratio",
     "enable_persistent_cache",

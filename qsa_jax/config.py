@@ -13,13 +13,24 @@ on CPU the default equals 0.30.0's.
 The tiling is part of the numerical contract (the rounding of the
 probabilities depends on which tiles share a running maximum), so outputs agree
 with a given vLLM version best when its table is used.
+
+How a tiling is launched lives here too, apart from the tiling: one frozen
+record of knobs per implementation (``PallasLaunch``, ``TritonLaunch``: warps,
+pipelining stages, prefetch, the split merge's block and warps), its default
+from ``pallas_launch`` / ``triton_launch``, and the caller's override
+``sparse_attention(..., launch=...)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+from qsa_jax.arg_specs import MAX_WARMUP_ROWS
+
+if TYPE_CHECKING:  # the problem type lives with the operator, which imports this module
+    from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem
 
 
 class SparseAttentionConfig(NamedTuple):
@@ -30,13 +41,18 @@ class SparseAttentionConfig(NamedTuple):
     """
 
     block_n: int  # selection columns per tile (one K/V gather + two small matmuls)
-    num_warps: int  # warps per program (Triton-lowered kernels only)
+    num_warps: int  # the table's warps per program (what launches: pallas_launch / triton_launch)
     num_tiles: int  # ceil(W / block_n): tiles a full row would have
     num_splits: int  # split-K programs per (row, KV head); tiles dealt round-robin
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (Triton's in-kernel arrays have power-of-two sizes)."""
+    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 # Above this many (row, KV head) programs every table here has one split (or two) and
@@ -229,17 +245,27 @@ def select_config(
     return SparseAttentionConfig(block_n, warps, num_tiles, min(splits, num_tiles))
 
 
+def first_rows(
+    num_kv_heads: int, num_columns: int, max_rows: int = MAX_WARMUP_ROWS, *, is_fp8: bool = False,
+    capability=None, table: str | None = None,
+) -> dict[SparseAttentionConfig, int]:
+    """Every config ``select_config`` returns for rows 1..max_rows and both flags, each with
+    the smallest row count that picks it (what a warmup compiles)."""
+    found: dict[SparseAttentionConfig, int] = {}
+    for rows in range(1, max_rows + 1):
+        for flag in (False, True):
+            found.setdefault(select_config(rows, num_kv_heads, flag, num_columns, is_fp8, capability,
+                                           table=table), rows)
+    return found
+
+
 def reachable_configs(
-    num_kv_heads: int, num_columns: int, max_rows: int = 8192, *, is_fp8: bool = False,
+    num_kv_heads: int, num_columns: int, max_rows: int = MAX_WARMUP_ROWS, *, is_fp8: bool = False,
     capability=None, table: str | None = None,
 ) -> list[SparseAttentionConfig]:
     """Every config ``select_config`` can return for rows 1..max_rows and both flags."""
-    found = {
-        select_config(rows, num_kv_heads, flag, num_columns, is_fp8, capability, table=table)
-        for rows in range(1, max_rows + 1)
-        for flag in (False, True)
-    }
-    return sorted(found)
+    return sorted(first_rows(num_kv_heads, num_columns, max_rows, is_fp8=is_fp8, capability=capability,
+                             table=table))
 
 
 # ---------------------------------------------------------------------------------
@@ -274,30 +300,127 @@ def running_on_hopper() -> bool:
     return cap is not None and cap[0] == 9
 
 
-def pallas_hopper_launch(config: SparseAttentionConfig) -> tuple[int, int]:
-    """(num_warps, num_stages) for the Pallas sparse-attention kernel on Hopper.
+# ---------------------------------------------------------------------------------
+# Launch knobs: how each implementation launches a tiling. None of them changes the
+# arithmetic (the tiling above does); on the GPU a different warp count or merge block
+# can still change how Triton associates a reduction, i.e. last bits. Each
+# implementation has its own frozen record; ``sparse_attention(..., launch=...)``
+# overrides the fields it sets (None: the default below), the rest keep the default.
 
-    Used only when the caller did not pass ``config=`` (the tiling itself --
-    block_n, num_tiles, num_splits -- is never changed: it fixes the numerics).
-    The Pallas kernel compiles to the originals' instruction mix, except that at
-    one warp its [16, 256] fp32 accumulator plus the pipelined tile spill ~5x
-    more than the original's (ptxas: 780 vs 160 bytes); two warps have no
-    spills (notes/pallas.md). Other configs keep the table's warps.
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """The knobs both Triton-lowered implementations have (None: the default)."""
+
+    num_warps: int | None = None
+    num_stages: int | None = None
+    prefetch: bool | None = None
+    merge_block_d: int | None = None
+    merge_warps: int | None = None
+
+    def __post_init__(self):
+        kind = type(self).__name__
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            if field.name == "prefetch":
+                if not isinstance(value, bool):
+                    raise TypeError(f"{kind}.prefetch must be a bool or None; got {value!r}")
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{kind}.{field.name} must be an int >= 1 or None; got {value!r}")
+            elif field.name != "num_stages" and value & (value - 1):
+                raise ValueError(f"{kind}.{field.name} must be a power of two; got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasLaunch(_Launch):
+    """Launch knobs of the Pallas implementation (defaults: ``pallas_launch``).
+
+    ``num_warps``/``num_stages``: the attention kernel's warps and software-pipelining
+    depth; ``prefetch``: load the next tile's indices and block-table entries while the
+    current tile's K/V gather is in flight (same arithmetic, same order); ``merge_block_d``
+    and ``merge_warps``: D columns per program and warps of the split merge.
     """
-    warps = 2 if config.num_warps == 1 else config.num_warps
-    return warps, 2
 
 
-def pallas_prefetch(config: SparseAttentionConfig) -> bool:
-    """Whether the Pallas sparse-attention kernel loads the next tile's indices and
-    block-table entries while the current tile's K/V gather is in flight.
+@dataclasses.dataclass(frozen=True)
+class TritonLaunch(_Launch):
+    """Launch knobs of the jax-triton implementation (defaults: ``triton_launch``);
+    the fields mean what ``PallasLaunch``'s do."""
 
-    No numeric effect (same arithmetic, same order). Off until measured on Hopper
-    (notes/pallas.md); the jax-triton kernel's prefetch helped at 32-64 rows and
-    hurt at BN 64 with several splits (notes/triton.md).
+
+def _with_override(default, override):
+    """``default`` with every field ``override`` sets (not None) replaced."""
+    if override is None:
+        return default
+    return dataclasses.replace(default, **{f.name: getattr(override, f.name)
+                                           for f in dataclasses.fields(override)
+                                           if getattr(override, f.name) is not None})
+
+
+# Triton's software pipelining of the Pallas tile loop when no measured table sets it:
+# 3 stages were always worse than 2 on Hopper (docs/spec.md §9); the originals use 2.
+PALLAS_NUM_STAGES = 2
+PALLAS_MERGE_WARPS = 2
+
+
+def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
+    """The Pallas kernels' launch for ``problem``, with its ``launch=`` override applied.
+
+    The tiling always comes from ``problem.config``; the split kernel's warps:
+    * a measured table (``MEASURED_TABLES``) sets warps and stages as it measured them;
+    * with one of vLLM's tables on a Hopper GPU, the table's warps except that one warp
+      becomes two, and 2 stages: at one warp the kernel's [16, 256] fp32 accumulator plus
+      the pipelined tile spill ~5x more than the original's (ptxas: 780 vs 160 bytes);
+      two warps have no spills (notes/pallas.md);
+    * an explicit ``config=`` (and any other device) launches the table's warps with
+      ``PALLAS_NUM_STAGES``.
+    Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton
+    kernel's helped at 32-64 rows and hurt at BN 64 with several splits, notes/triton.md).
+    The merge's D chunk: ``pallas_merge_block_d``.
     """
-    del config
-    return False
+    cfg = problem.config
+    warps, stages = cfg.num_warps, PALLAS_NUM_STAGES
+    if problem.num_stages is not None:  # a measured table: its warps and stages as measured
+        stages = problem.num_stages
+    elif not problem.config_explicit and running_on_hopper():
+        warps = 2 if cfg.num_warps == 1 else cfg.num_warps
+    default = PallasLaunch(
+        num_warps=warps, num_stages=stages, prefetch=False,
+        merge_block_d=pallas_merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
+        merge_warps=PALLAS_MERGE_WARPS)
+    return _with_override(default, problem.launch)
+
+
+def triton_tiling(problem: "SparseAttentionProblem") -> SparseAttentionConfig:
+    """The tiling the jax-triton implementation launches: ``problem.config``, or on a
+    Hopper GPU without ``config=`` its ``tune_config_for_hopper`` version."""
+    if problem.config_explicit or not running_on_hopper():
+        return problem.config
+    return tune_config_for_hopper(problem.config, problem.num_rows, problem.num_kv_heads)
+
+
+# jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2
+# at every shape; the merge splits D in 64-wide chunks for more programs at tiny batches.
+TRITON_NUM_STAGES = 2
+TRITON_MERGE_BLOCK_D = 64
+TRITON_MERGE_WARPS = 4
+
+
+def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
+    """The jax-triton kernels' launch for ``problem``, with its ``launch=`` override applied.
+
+    Prefetch of the next tile's tokens/pages: +8-10% at 32-64 rows (1 warp, BN 32),
+    -26% at 256 rows (BN 64, 2 warps, 4 splits), neutral at one split (H200), so it is
+    on except for BN >= 64 with several splits.
+    """
+    cfg = triton_tiling(problem)
+    default = TritonLaunch(
+        num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
+        prefetch=not (cfg.block_n >= 64 and cfg.num_splits > 1),
+        merge_block_d=min(problem.head_dim, TRITON_MERGE_BLOCK_D), merge_warps=TRITON_MERGE_WARPS)
+    return _with_override(default, problem.launch)
 
 
 def pallas_fp8_keys_via_f16() -> bool:

@@ -4,7 +4,7 @@ JAX specialises a jitted function on every static shape, so unlike the
 originals (whose Triton kernels take the row count at run time) each distinct
 row count is its own executable. ``warmup`` therefore compiles, for a
 deployment's cache and block table, every row count the server will use (by
-default: every power of two up to 8192 and the smallest row count of every
+default: every power of two up to ``arg_specs.MAX_WARMUP_ROWS`` (8192) and the smallest row count of every
 config the table can pick) with both ``use_prefill_config`` values, by
 running each once on empty selections (count 0: the kernels do no reads).
 An fp8 cache (float8_e4m3fn, or its uint8 bytes: vLLM 0.34.0's warmup also
@@ -23,7 +23,8 @@ from typing import Iterable
 import jax
 import jax.numpy as jnp
 
-from qsa_jax.config import select_config
+from qsa_jax.arg_specs import MAX_WARMUP_ROWS
+from qsa_jax.config import first_rows, select_config
 from qsa_jax.ops.sparse_attention.api import sparse_attention
 from qsa_jax.ops.sparse_attention.base import as_kv_layout, kv_format
 
@@ -40,15 +41,12 @@ def enable_persistent_cache(path: str | os.PathLike | None = None) -> pathlib.Pa
     return path
 
 
-def default_row_counts(num_kv_heads: int, selection_width: int, max_rows: int = 8192, *,
+def default_row_counts(num_kv_heads: int, selection_width: int, max_rows: int = MAX_WARMUP_ROWS, *,
                        is_fp8: bool = False, table: str | None = None) -> list[int]:
     """Powers of two up to ``max_rows`` plus the first row count of every config."""
     rows = {2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows}
-    seen = {}
-    for r in range(1, max_rows + 1):
-        for flag in (False, True):
-            seen.setdefault(select_config(r, num_kv_heads, flag, selection_width, is_fp8, table=table), r)
-    return sorted(rows | set(seen.values()))
+    return sorted(rows | set(first_rows(num_kv_heads, selection_width, max_rows, is_fp8=is_fp8,
+                                        table=table).values()))
 
 
 def warmup(

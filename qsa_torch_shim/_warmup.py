@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from qsa_jax.arg_specs import MAX_WARMUP_ROWS
+from qsa_jax.config import first_rows
 from qsa_jax.config import select_config as _qsa_select_config
 
 from qsa_torch_shim import _eager
@@ -36,20 +38,13 @@ def _select_config(num_rows: int, num_kv_heads: int, use_prefill_config: bool,
     return block_n, warps, tiles, tiles
 
 
-def warmup_rows(num_kv_heads: int, selection_width: int, max_rows: int = 8192,
+def warmup_rows(num_kv_heads: int, selection_width: int, max_rows: int = MAX_WARMUP_ROWS,
                 is_fp8: bool = False) -> list[int]:
     """One row count per config the shim's calls reach (the smallest that picks it)."""
     from qsa_torch_shim import _jax_side
 
-    seen, rows = set(), []
-    for r in range(1, max_rows + 1):
-        for flag in (False, True):
-            cfg = _select_config(r, num_kv_heads, flag, selection_width, is_fp8,
-                                 table=_jax_side.TILING_TABLE[0])
-            if cfg not in seen:
-                seen.add(cfg)
-                rows.append(r)
-    return sorted(set(rows))
+    return sorted(set(first_rows(num_kv_heads, selection_width, max_rows, is_fp8=is_fp8,
+                                 table=_jax_side.TILING_TABLE[0]).values()))
 
 
 def fp8_call_dtype(device: torch.device) -> torch.dtype:

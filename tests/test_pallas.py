@@ -33,10 +33,10 @@ from qsa_testing.agreement import assert_fidelity
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 
 
-def _run_sparse(case, kv, config=None):
+def _run_sparse(case, kv, config=None, launch=None):
     return np.asarray(qsa_jax.sparse_attention(
         case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
-        use_prefill_config=case.use_prefill_config, config=config, implementation="pallas"))
+        use_prefill_config=case.use_prefill_config, config=config, implementation="pallas", launch=launch))
 
 
 def _oracle(case, cfg):
@@ -99,18 +99,11 @@ def test_merge_block_d_is_bit_identical(block_d):
     bit-identical in interpret mode (on the GPU a different block shape may associate
     the sum over splits differently: GPU parity covers that), and every chunk is
     written (the oracle has no zeros where a missed chunk would leave them)."""
-    import functools
-
-    from qsa_jax.ops.sparse_attention import base, pallas
-
     case = _small_case(41, rows=5, heads=6, kv_heads=2, d=32, blocks=16, width=131)
     cfg = (16, 4, 9, 3)
     C.poison_unreferenced(case, SparseAttentionConfig(*cfg))
-    args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
-            case.output_gate)
-    problem = base.check_sparse_attention_args(*args, use_prefill_config=False, config=cfg)
-    outs = [np.asarray(jax.jit(functools.partial(pallas.run, problem, merge_block_d=b))(
-        case.q, (case.kv_cache,), *args[2:])) for b in (32, block_d)]
+    outs = [_run_sparse(case, case.kv_cache, config=cfg, launch=qsa_jax.PallasLaunch(merge_block_d=b))
+            for b in (32, block_d)]
     np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))
     assert_fidelity(outs[1], _oracle(case, SparseAttentionConfig(*cfg)), what=f"merge block_d={block_d}")
 
@@ -127,11 +120,10 @@ def test_merge_block_d_heuristic_and_real_head_dim():
     C.poison_unreferenced(case, cfg)
     assert_fidelity(_run_sparse(case, case.kv_cache, config=tuple(cfg)), _oracle(case, cfg),
                   what="pallas D=256 chunked merge")
-    with pytest.raises(ValueError, match="must divide head_dim"):
-        from qsa_jax.ops.sparse_attention import pallas
-
-        pallas.merge_kernel(type("P", (), {"num_rows": 1, "num_query_heads": 1, "head_dim": 256,
-                                           "config": cfg})(), None, None, jnp.zeros((1, 1, 256)), block_d=48)
+    with pytest.raises(ValueError, match="merge_block_d=512 must divide head_dim=256"):
+        _run_sparse(case, case.kv_cache, launch=qsa_jax.PallasLaunch(merge_block_d=512))
+    with pytest.raises(ValueError, match="merge_block_d must be a power of two"):
+        qsa_jax.PallasLaunch(merge_block_d=48)
 
 
 def test_hopper_launch_table_is_keyed_by_device(monkeypatch):
@@ -140,7 +132,7 @@ def test_hopper_launch_table_is_keyed_by_device(monkeypatch):
     import dataclasses
 
     from qsa_jax import config as config_module
-    from qsa_jax.ops.sparse_attention import base, pallas
+    from qsa_jax.ops.sparse_attention import base
 
     case = _small_case(5, rows=3, edge=False)
     args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
@@ -148,11 +140,14 @@ def test_hopper_launch_table_is_keyed_by_device(monkeypatch):
     auto = base.check_sparse_attention_args(*args, use_prefill_config=False, config=None)
     auto = dataclasses.replace(auto, config=auto.config._replace(num_warps=1))
     explicit = base.check_sparse_attention_args(*args, use_prefill_config=False, config=(16, 1, 9, 1))
+    warps = lambda p: config_module.pallas_launch(p).num_warps  # noqa: E731
     assert config_module.running_on_hopper() is False  # CPU
-    assert pallas._launch_params(auto)[1] == 1
+    assert warps(auto) == 1
     monkeypatch.setattr(config_module, "running_on_hopper", lambda: True)
-    assert pallas._launch_params(auto)[1] == 2
-    assert pallas._launch_params(explicit)[1] == 1
+    assert warps(auto) == 2
+    assert warps(explicit) == 1
+    # The caller's launch= wins over the device's choice.
+    assert warps(dataclasses.replace(auto, launch=qsa_jax.PallasLaunch(num_warps=4))) == 4
 
 
 def test_zero_rows():

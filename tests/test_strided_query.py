@@ -8,6 +8,7 @@ metadata loaded early) must be bit-identical to the plain loop.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -18,7 +19,7 @@ import pytest
 
 import qsa_jax
 from qsa_jax import StridedQuery
-from qsa_jax.config import SparseAttentionConfig
+from qsa_jax.config import PallasLaunch, SparseAttentionConfig
 from qsa_testing import cases as C
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
@@ -122,17 +123,12 @@ def test_strided_query_through_jit_recompiles_per_layout():
 
 @pytest.mark.parametrize("cfg", [(16, 4, 9, 2), (16, 4, 9, 3), (16, 4, 9, 1), (16, 4, 9, 9)])
 def test_pallas_prefetch_is_bit_identical(cfg):
-    from qsa_jax.ops.sparse_attention import base, pallas
-
     case = _case(10 + cfg[3], rows=5, width=131)
     C.poison_unreferenced(case, SparseAttentionConfig(*cfg))
-    args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
-            case.output_gate)
-    problem = base.check_sparse_attention_args(*args, use_prefill_config=False, config=cfg)
-    outs = []
-    for prefetch in (False, True):
-        fn = jax.jit(functools.partial(pallas.run, problem, prefetch=prefetch))
-        outs.append(np.asarray(fn(case.q, (case.kv_cache,), *args[2:])))
+    outs = [np.asarray(qsa_jax.sparse_attention(
+        case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        config=cfg, implementation="pallas", launch=qsa_jax.PallasLaunch(prefetch=prefetch)))
+        for prefetch in (False, True)]
     assert not np.isnan(outs[0].astype(np.float32)).any()
     np.testing.assert_array_equal(_bits(outs[1]), _bits(outs[0]))
     want = _attention(case, case.q, "xla", cfg)
@@ -164,7 +160,8 @@ def test_lowering_reads_strided_q_in_place(monkeypatch):
     problem = base.check_sparse_attention_args(q, kv, li, bt, tr, gate, use_prefill_config=False, config=None)
     assert problem.q_layout == base.QueryLayout(heads + 2 * hk, 1, 0)
     for prefetch in (False, True):
-        hlo = jax.jit(functools.partial(pallas.run, problem, prefetch=prefetch)).trace(
+        with_launch = dataclasses.replace(problem, launch=PallasLaunch(prefetch=prefetch))
+        hlo = jax.jit(functools.partial(pallas.run, with_launch)).trace(
             table, (kv,), li, bt, tr, gate).lower(lowering_platforms=("cuda",)).as_text()
         table_type = f"tensor<{rows * (heads + 2 * hk)}x{d}xbf16>"
         uses = [line for line in hlo.splitlines() if table_type in line and "func.func" not in line]

@@ -406,6 +406,7 @@ def gpu_report(argv) -> int:
     from ml_dtypes import bfloat16 as bf16
 
     from qsa_jax import arg_specs
+    from qsa_jax.config import triton_tiling
     from qsa_jax.ops.sparse_attention import triton as tri
     from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
     from qsa_testing import originals
@@ -472,8 +473,19 @@ def gpu_report(argv) -> int:
         return best / len(idx) * 1e6, outs
 
     def jax_fn(problem, variant):
+        # A variant: an explicit tiling ("config") and/or launch knobs (TritonLaunch fields).
+        import dataclasses
+
+        from qsa_jax.config import TritonLaunch
+
+        knobs = dict(variant)
+        cfg = knobs.pop("config", None)
+        p = dataclasses.replace(problem, launch=TritonLaunch(**knobs) if knobs else None)
+        if cfg is not None:
+            p = dataclasses.replace(p, config=cfg, config_explicit=True)
+
         def many(q, kv, idx_list, bt, req, gate):
-            return [tri.run(problem, q, (kv,), ix, bt, req, gate, **variant) for ix in idx_list]
+            return [tri.run(p, q, (kv,), ix, bt, req, gate) for ix in idx_list]
         return jax.jit(many)
 
     def time_jax(fn, args):
@@ -512,7 +524,7 @@ def gpu_report(argv) -> int:
             problem = check_sparse_attention_args(args[0], args[1], args[2][0], args[3], args[4], args[5],
                                                   use_prefill_config=flag, config=None)
             base_cfg = problem.config
-            tuned = tri.launch_config(problem)
+            tuned = triton_tiling(problem)
             variants = {"default": {}}
             if (tp, rows) in sweep_at and not flag:
                 w = base_cfg.num_warps

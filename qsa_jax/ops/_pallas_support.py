@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from qsa_jax.config import next_pow2  # noqa: F401 -- re-exported for the Pallas modules
+
 try:  # Pallas is part of jax, but keep the package importable if it moves.
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
@@ -10,11 +12,6 @@ try:  # Pallas is part of jax, but keep the package importable if it moves.
 except ImportError as exc:  # pragma: no cover
     pl = plgpu = None
     IMPORT_ERROR = exc
-
-
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= n (in-kernel arrays must have power-of-two sizes)."""
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def interpret() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from qsa_jax.config import next_pow2
 from qsa_jax.ops import _triton_support
 from qsa_jax.ops.compress_groups.base import CompressProblem
 
@@ -35,5 +36,5 @@ def run(p: CompressProblem, raw_keys, raw_positions, ring, block_table, token_to
         grid=(rows,),
         name="qsa_compress_groups",
         num_warps=NUM_WARPS, num_stages=1,
-        DK=p.head_dim, BLOCK_D=1 << max(0, (p.head_dim - 1).bit_length()), RATIO=p.compress_ratio,
+        DK=p.head_dim, BLOCK_D=next_pow2(p.head_dim), RATIO=p.compress_ratio,
         RING=p.ring_size, TABLE_WIDTH=int(block_table.shape[1]), WITH_ROPE=p.with_rope)

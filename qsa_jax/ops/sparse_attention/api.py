@@ -8,6 +8,7 @@ from typing import Sequence
 import jax
 
 from qsa_jax._implementations import REGISTRIES
+from qsa_jax.config import PallasLaunch, TritonLaunch, device_capability
 from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.sparse_attention.backward import differentiable, forward_only
@@ -15,20 +16,23 @@ from qsa_jax.ops.sparse_attention.base import (
     SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table, scale_operand)
 
 _REGISTRY = REGISTRIES["sparse_attention"]
+# The implementation each launch record is for.
+_LAUNCH_IMPLEMENTATION = {PallasLaunch: "pallas", TritonLaunch: "triton"}
 
 
 @memoised
 def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
           use_prefill_config, config, implementation,
-          scales_given=(False, False)) -> tuple[SparseAttentionProblem, str]:
+          scales_given=(False, False), launch=None) -> tuple[SparseAttentionProblem, str]:
     """Checks + config + implementation choice: pure functions of static metadata."""
     problem = check_sparse_attention_args(
         q, kv, logical_indices, block_table, token_to_req, output_gate,
-        use_prefill_config=use_prefill_config, config=config, scales_given=scales_given)
+        use_prefill_config=use_prefill_config, config=config, scales_given=scales_given, launch=launch)
     name = _REGISTRY.choose(implementation)
+    if launch is not None and _LAUNCH_IMPLEMENTATION[type(launch)] != name:
+        raise ValueError(f"sparse_attention: launch={launch!r} is for implementation "
+                         f"{_LAUNCH_IMPLEMENTATION[type(launch)]!r}, but this call runs {name!r}")
     if problem.is_fp8 and name != "xla":
-        from qsa_jax.config import device_capability
-
         cap = device_capability()
         if cap is not None and cap < (8, 9):  # Triton has no e4m3 type below sm_89
             raise NotImplementedError(
@@ -64,6 +68,7 @@ def sparse_attention(
     implementation: str | None = None,
     k_scale=None,
     v_scale=None,
+    launch: PallasLaunch | TritonLaunch | None = None,
 ) -> jax.Array:
     """Gated sparse GQA over a paged bf16 or fp8 K/V cache (QSA ``qsa_sparse_paged_attention``).
 
@@ -90,6 +95,12 @@ def sparse_attention(
         device per distinct value; traced values are used unchecked). Passing them
         with a bf16 cache selects 0.34.0's arithmetic but, as in 0.34.0, not their
         values (see ``base``).
+      launch: launch knobs of the implementation that runs (the same arithmetic; on the
+        GPU another warp count or merge block may change last bits):
+        ``qsa_jax.PallasLaunch(...)`` or ``qsa_jax.TritonLaunch(...)`` (warps, stages,
+        prefetch, merge block and warps); the fields it leaves None keep their
+        defaults (``qsa_jax.config.pallas_launch`` / ``triton_launch``). It must match
+        the implementation that runs, so pass ``implementation=`` with it.
 
     Returns:
       [R, H, D] bf16.
@@ -98,7 +109,7 @@ def sparse_attention(
                           use_prefill_config=bool(use_prefill_config),
                           config=config if config is None or isinstance(config, str) else tuple(config),
                           implementation=implementation,
-                          scales_given=(k_scale is not None, v_scale is not None))
+                          scales_given=(k_scale is not None, v_scale is not None), launch=launch)
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
     arrays = (query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate)
     _sharding.check_sparse_attention(problem, *arrays)

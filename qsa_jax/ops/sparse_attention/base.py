@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from qsa_jax.config import SparseAttentionConfig, select_config, table_tiling
+from qsa_jax.config import PallasLaunch, SparseAttentionConfig, TritonLaunch, select_config, table_tiling
 
 # Scores start here and invalid entries get this score: a finite "minus
 # infinity" keeps exp2(max_old - max_new) finite when a tile has no valid
@@ -277,6 +277,9 @@ class SparseAttentionProblem:
     # (``for_shard``; ops/_sharding.py).
     prefill_tiling: bool = False
     table: str | None = None
+    # The caller's ``launch=`` (launch knobs of one implementation, no numeric effect);
+    # None: every knob at its default (qsa_jax.config.pallas_launch / triton_launch).
+    launch: PallasLaunch | TritonLaunch | None = None
 
     def for_shard(self, num_rows: int, num_query_heads: int, num_kv_heads: int) -> "SparseAttentionProblem":
         """This call's problem on one shard of a mesh: its own rows and heads, and (unless
@@ -313,6 +316,7 @@ def check_sparse_attention_args(
     q, kv, logical_indices, block_table, token_to_req, output_gate,
     *, use_prefill_config: bool, config: Sequence[int] | str | None,
     scales_given: tuple[bool, bool] = (False, False),
+    launch: PallasLaunch | TritonLaunch | None = None,
 ) -> SparseAttentionProblem:
     """Validate all arguments (shapes and dtypes only: works on tracers).
 
@@ -320,7 +324,9 @@ def check_sparse_attention_args(
     sanity). Raises ``ValueError`` for shapes and ``TypeError`` for dtypes, with
     the offending argument named. ``config`` is a tiling, or a table name for
     ``select_config`` (None: its default); ``scales_given`` says whether k_scale
-    and v_scale were passed (their values are checked by ``scale_operand``).
+    and v_scale were passed (their values are checked by ``scale_operand``);
+    ``launch``: None or a ``PallasLaunch``/``TritonLaunch`` (matched to the
+    implementation by the caller).
     """
     cache, arrays = as_kv_layout(kv)
     fmt = kv_format(arrays)
@@ -373,6 +379,12 @@ def check_sparse_attention_args(
         if arr.dtype != jnp.int32:
             raise TypeError(f"{name} must be int32; got {arr.dtype}")
 
+    if launch is not None:
+        if not isinstance(launch, (PallasLaunch, TritonLaunch)):
+            raise TypeError(f"launch must be None, a PallasLaunch or a TritonLaunch; got {type(launch).__name__}")
+        if launch.merge_block_d is not None and d % launch.merge_block_d:
+            raise ValueError(f"launch.merge_block_d={launch.merge_block_d} must divide head_dim={d}")
+
     width = li[1] - 1
     explicit = not (config is None or isinstance(config, str))
     stages = None
@@ -394,7 +406,8 @@ def check_sparse_attention_args(
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
                                   config_explicit=explicit, q_layout=q_layout, kv_format=fmt,
                                   scaled=all(given.values()), num_stages=stages,
-                                  prefill_tiling=prefill_tiling, table=None if explicit else config)
+                                  prefill_tiling=prefill_tiling, table=None if explicit else config,
+                                  launch=launch)
 
 
 def _host_scale(name: str, value) -> float | None:

@@ -45,37 +45,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from qsa_jax import config
+from qsa_jax.config import pallas_launch
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, MASKED_SCORE, SparseAttentionProblem, as_e4m3, head_row_stride, normalised, operand_dtypes)
-
-# Triton's software pipelining of the tile loop. docs/spec.md §9: 3 stages
-# were always worse than 2 on Hopper; the originals use 2.
-DEFAULT_NUM_STAGES = 2
-
-
-MERGE_WARPS = 2
-
-
-def _launch_params(problem: SparseAttentionProblem) -> tuple[int, int, int, int, int]:
-    """(block_n, num_warps, num_tiles, num_splits, num_stages) for this call.
-
-    The tiling always comes from ``problem.config``. The Triton knobs: a measured
-    table (``config.MEASURED_TABLES``, chosen by ``select_config``) sets warps and
-    stages as it measured them; with one of vLLM's tables on a Hopper GPU the warps
-    and stages come from ``config.pallas_hopper_launch``; an explicit ``config=`` is
-    used exactly as given (stages: ``DEFAULT_NUM_STAGES``).
-    """
-    from qsa_jax.config import pallas_hopper_launch, running_on_hopper
-
-    cfg = problem.config
-    warps, stages = cfg.num_warps, DEFAULT_NUM_STAGES
-    if problem.num_stages is not None:  # a measured table: its warps and stages as measured
-        stages = problem.num_stages
-    elif not problem.config_explicit and running_on_hopper():
-        warps, stages = pallas_hopper_launch(cfg)
-    return cfg.block_n, warps, cfg.num_tiles, cfg.num_splits, stages
-
 
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
@@ -249,40 +223,36 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-        token_to_req, output_gate, scales=None, *, prefetch: bool | None = None,
-        merge_block_d: int | None = None, merge_warps: int | None = None, residuals: bool = False):
+        token_to_req, output_gate, scales=None, *, residuals: bool = False):
     """bf16 [rows, H, D]; with ``residuals`` (for backward.py) also the ungated attention
     in bf16 [rows, H, D] and the merged base-2 LSE [rows, H] fp32, written by the same
-    kernels as extra outputs (the gated output is computed exactly as without them)."""
+    kernels as extra outputs (the gated output is computed exactly as without them).
+    Launched as ``config.pallas_launch(problem)`` says (``problem.launch`` overrides)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     if rows == 0:
         out = jnp.zeros((0, heads, d), jnp.bfloat16)
         return (out, out, jnp.zeros((0, heads), jnp.float32)) if residuals else out
     result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                          scales, prefetch=prefetch, residuals=residuals)
+                          scales, residuals=residuals)
     if p.config.num_splits == 1:
         if residuals:
             out, attention, lse = result
             return out.reshape(rows, heads, d), attention.reshape(rows, heads, d), lse.reshape(rows, heads)
         return result.reshape(rows, heads, d)
     partial, lse = result
-    return merge_kernel(p, partial, lse, output_gate, block_d=merge_block_d, num_warps=merge_warps,
-                        residuals=residuals)
+    return merge_kernel(p, partial, lse, output_gate, residuals=residuals)
 
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                 token_to_req, output_gate, scales=None, *, prefetch: bool | None = None,
-                 residuals: bool = False, fp8_keys_via_f16: bool | None = None):
+                 token_to_req, output_gate, scales=None, *, residuals: bool = False):
     """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
     fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``.
-
-    ``prefetch`` (no numeric effect) overrides ``config.pallas_prefetch``, and
-    ``fp8_keys_via_f16`` (bit-identical) ``config.pallas_fp8_keys_via_f16``.
-    """
+    The fp8 K conversion order follows ``config.pallas_fp8_keys_via_f16`` (bit-identical)."""
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
-    bn, warps, _, num_splits, stages = _launch_params(p)
+    launch = pallas_launch(p)
+    num_splits = p.config.num_splits
     block_m = max(16, next_pow2(p.group_size))  # tl.dot needs >= 16 rows
     interpreted = interpret()
 
@@ -303,16 +273,9 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     else:
         out_shape = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
                      jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
-    if prefetch is None:
-        from qsa_jax.config import pallas_prefetch
-
-        prefetch = pallas_prefetch(p.config)
-    if fp8_keys_via_f16 is None:
-        from qsa_jax.config import pallas_fp8_keys_via_f16
-
-        fp8_keys_via_f16 = pallas_fp8_keys_via_f16()
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
-                               masked=not interpreted, prefetch=prefetch, fp8_keys_via_f16=fp8_keys_via_f16)
+                               masked=not interpreted, prefetch=launch.prefetch,
+                               fp8_keys_via_f16=config.pallas_fp8_keys_via_f16())
     inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     inputs += (scales,) if p.scaled else ()
     return pl.pallas_call(
@@ -321,26 +284,19 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
         grid=(rows, p.num_kv_heads, num_splits),
         in_specs=[pl.no_block_spec] * len(inputs),
         out_specs=jax.tree.map(lambda _: pl.no_block_spec, out_shape),
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=stages),
+        compiler_params=plgpu.CompilerParams(num_warps=launch.num_warps, num_stages=launch.num_stages),
         interpret=interpreted,
         name="qsa_sparse_attention",
     )(*inputs)
 
 
-def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_d: int | None = None,
-                 num_warps: int | None = None, residuals: bool = False):
-    """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials.
-
-    ``block_d`` (D columns per program) and ``num_warps`` override
-    ``config.pallas_merge_block_d`` and ``MERGE_WARPS``: the same arithmetic, though
-    on the GPU the sum over splits may associate differently (last bits)."""
-    from qsa_jax.config import pallas_merge_block_d
-
+def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, residuals: bool = False):
+    """The split merge + gate epilogue: bf16 [rows, H, D] from ``split_kernel``'s partials
+    (D columns per program and warps: ``merge_block_d``/``merge_warps`` of the launch)."""
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     num_splits = p.config.num_splits
-    block_d = block_d or pallas_merge_block_d(rows * heads, d)
-    if d % block_d:
-        raise ValueError(f"merge block_d={block_d} must divide head_dim={d}")
+    launch = pallas_launch(p)
+    block_d = launch.merge_block_d
     out_shape = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
     if residuals:  # + ungated attention (bf16) and merged LSE, for the backward pass
         out_shape = (out_shape, out_shape, jax.ShapeDtypeStruct((rows * heads,), jnp.float32))
@@ -351,7 +307,7 @@ def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, block_
         grid=(rows * heads, d // block_d),
         in_specs=[pl.no_block_spec] * 3,
         out_specs=jax.tree.map(lambda _: pl.no_block_spec, out_shape),
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps or MERGE_WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=launch.merge_warps, num_stages=1),
         interpret=interpret(),
         name="qsa_merge_splits",
     )(partial, lse, output_gate.reshape(rows * heads, d))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from qsa_jax.config import next_pow2
 from qsa_jax.ops import _triton_support
 from qsa_jax.ops.store_cache_rows.base import StoreProblem
 
@@ -40,4 +41,4 @@ def run(p: StoreProblem, cache, slot_mapping, rows):
         name="qsa_store_cache_rows",
         num_warps=NUM_WARPS, num_stages=1,
         NUM_SLOTS=p.num_pages * p.page_size, WIDTH=p.width,
-        BLOCK_W=1 << max(0, (p.width - 1).bit_length()), ROWS_PER_PROGRAM=ROWS_PER_PROGRAM)
+        BLOCK_W=next_pow2(p.width), ROWS_PER_PROGRAM=ROWS_PER_PROGRAM)

@@ -1,0 +1,100 @@
+"""Launch knobs (``qsa_jax.PallasLaunch``): the default launch is the one chosen before the
+knobs had a home of their own, and ``launch=`` reaches the kernels. Checked on the Triton
+IR and launch attributes lowered for sm_90 on CPU, as on an H200 (tools/sm90_forward_ir.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+import qsa_jax
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import sm90_forward_ir as IR  # noqa: E402
+
+pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
+
+
+def _attrs(text: str) -> list[str]:
+    return text.split("\n\n")[0].splitlines()
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    IR.patch_for_sm90("h200", monkeypatch.setattr)
+    return IR.lower_case
+
+
+# Row counts odd enough not to meet another test's compiled problem (the patches change
+# what a trace of the same problem lowers to).
+@pytest.mark.parametrize("name,rows,heads,hk,config,want", [
+    # H200 measured table: 4 warps at 6 programs (split-K), 3 stages at 66 programs.
+    ("tp1_splitk", 3, 24, 2, None, ["qsa_sparse_attention: num_stages=2 num_warps=4",
+                                    "qsa_merge_splits: num_stages=1 num_warps=2"]),
+    ("tp4_stages3", 66, 6, 1, None, ["qsa_sparse_attention: num_stages=3 num_warps=2",
+                                     "qsa_merge_splits: num_stages=1 num_warps=2"]),
+    # vLLM 0.30.0's one-warp entry becomes two warps on Hopper; an explicit config stays as given.
+    ("vllm030", 51, 24, 2, "vllm-0.30", ["qsa_sparse_attention: num_stages=2 num_warps=2",
+                                         "qsa_merge_splits: num_stages=1 num_warps=2"]),
+    ("explicit", 3, 24, 2, (32, 1, 65, 8), ["qsa_sparse_attention: num_stages=2 num_warps=1",
+                                            "qsa_merge_splits: num_stages=1 num_warps=2"]),
+])
+def test_default_launch_is_the_previous_choice(sm90, name, rows, heads, hk, config, want):
+    assert _attrs(sm90(name, rows, heads, hk, "fused", "bf16", config)) == want
+
+
+def test_launch_override_reaches_the_kernels(sm90):
+    case = ("override", 3, 24, 2, "fused", "bf16", None)
+    default = sm90(*case)
+    knobs = qsa_jax.PallasLaunch(num_warps=8, num_stages=3, merge_warps=8, merge_block_d=128)
+    tuned = sm90(*case, knobs)
+    assert _attrs(tuned) == ["qsa_sparse_attention: num_stages=3 num_warps=8",
+                             "qsa_merge_splits: num_stages=1 num_warps=8"]
+    # Only the fields given change: stages alone keeps the default's 4 warps.
+    assert _attrs(sm90(*case, qsa_jax.PallasLaunch(num_stages=3)))[0] == \
+        "qsa_sparse_attention: num_stages=3 num_warps=4"
+    # Prefetch restructures the tile loop; the merge block changes the merge's slices.
+    split_ir, merge_ir = default.split("\n\n")[1:3]
+    assert sm90(*case, qsa_jax.PallasLaunch(prefetch=True)).split("\n\n")[1] != split_ir
+    assert tuned.split("\n\n")[2] != merge_ir
+    assert sm90(*case, qsa_jax.PallasLaunch()) == default  # nothing set: the default launch
+
+
+def test_launch_is_checked_before_any_launch():
+    import jax.numpy as jnp
+
+    q = jnp.zeros((1, 2, 16), jnp.bfloat16)
+    kv = jnp.zeros((2, 1, 4, 32), jnp.bfloat16)
+    li = jnp.zeros((1, 3), jnp.int32)
+    args = (q, kv, li, jnp.zeros((1, 2), jnp.int32), jnp.zeros((1,), jnp.int32), q)
+    with pytest.raises(ValueError, match="launch=.*is for implementation 'pallas', but this call runs 'xla'"):
+        qsa_jax.sparse_attention(*args, implementation="xla", launch=qsa_jax.PallasLaunch(num_warps=4))
+    with pytest.raises(ValueError, match="launch=.*is for implementation 'triton'"):
+        qsa_jax.sparse_attention(*args, implementation="pallas", launch=qsa_jax.TritonLaunch())
+    with pytest.raises(TypeError, match="launch must be None, a PallasLaunch or a TritonLaunch"):
+        qsa_jax.sparse_attention(*args, implementation="pallas", launch={"num_warps": 4})
+    with pytest.raises(ValueError, match="PallasLaunch.num_warps must be a power of two"):
+        qsa_jax.PallasLaunch(num_warps=3)
+    with pytest.raises(ValueError, match="PallasLaunch.num_stages must be an int >= 1"):
+        qsa_jax.PallasLaunch(num_stages=0)
+    with pytest.raises(TypeError, match="TritonLaunch.prefetch must be a bool"):
+        qsa_jax.TritonLaunch(prefetch=1)
+
+
+def test_a_shard_keeps_the_launch():
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+
+    s = jax.ShapeDtypeStruct
+    q = s((8, 24, 256), jnp.bfloat16)
+    knobs = qsa_jax.PallasLaunch(num_stages=3, merge_block_d=128)
+    problem = check_sparse_attention_args(
+        q, s((10, 2, 64, 512), jnp.bfloat16), s((8, 2052), jnp.int32), s((2, 64), jnp.int32),
+        s((8,), jnp.int32), q, use_prefill_config=False, config=None, launch=knobs)
+    shard = problem.for_shard(4, 12, 1)
+    assert shard.launch == knobs and shard.num_rows == 4
+    assert qsa_jax.config.pallas_launch(shard).merge_block_d == 128
