@@ -41,7 +41,7 @@ from jax import lax
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu
 from qsa_jax.ops.sparse_attention import backward as B
 from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, head_row_stride
-from qsa_jax.ops.sparse_attention.pallas import _load_rows
+from qsa_jax.ops.sparse_attention.pallas import _load_rows, selected_cache_rows
 
 # Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile.
 # Compiled for sm_90 on the CPU machine (Triton 3.6, ptxas -v; notes/backward.md) at
@@ -80,7 +80,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delt
                      p: SparseAttentionProblem, block_m: int, block_n: int, num_splits: int,
                      interpreted: bool):
     kv = p.kv
-    d, g, heads, w = p.head_dim, p.group_size, p.num_query_heads, p.selection_width
+    d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     bn = block_n
     k_col, v_col = 0, (d if kv.fused else 0)
     row, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -107,15 +107,8 @@ def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delt
 
     def body(step, dq_acc):
         cols = (split + step * num_splits) * bn + columns
-        tokens = idx_ref[row, jnp.minimum(cols, w - 1)]
-        tokens = jnp.where(cols < end, tokens, -1)
-        safe_tok = jnp.maximum(tokens, 0)
-        logical_page = lax.div(safe_tok, kv.page_size)
-        valid = request_ok & (tokens >= 0) & (logical_page < p.table_width)
-        page = bt_ref[safe_request, jnp.minimum(logical_page, p.table_width - 1)]
-        valid = valid & (page >= 0) & (page < kv.num_pages)
-        cache_row = jnp.where(
-            valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
+        cache_row, valid = selected_cache_rows(p, idx_ref, bt_ref, row, request_ok, safe_request, cols, end,
+                                               head_offset)
         # Both gathered [D, BN] by address; zeros (never NaN) where invalid.
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :],
                             not interpreted)

@@ -89,23 +89,10 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     key_dtype, value_dtype = operand_dtypes(p)
 
     def tile_entries(tile):
-        """Cache rows and validity of one tile's BN selected entries (index and
-        block-table loads; always in bounds, also for a tile past the end)."""
-        cols = tile * bn + columns
-        # Columns >= W (last partial tile) read a clamped column, then become -1.
-        tokens = idx_ref[row, jnp.minimum(cols, w - 1)]
-        tokens = jnp.where(cols < w, tokens, -1)
-        safe_tok = jnp.maximum(tokens, 0)
-        # safe_tok >= 0: truncating div/rem are floor div/mod here and much
-        # cheaper in Triton than Python-style floor semantics.
-        logical_page = lax.div(safe_tok, kv.page_size)
-        valid = request_ok & (tokens >= 0) & (logical_page < p.table_width)
-        page = bt_ref[safe_request, jnp.minimum(logical_page, p.table_width - 1)]
-        valid = valid & (page >= 0) & (page < kv.num_pages)
-        # Invalid entries address row 0 (always in range); zeroed below.
-        cache_row = jnp.where(
-            valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
-        return cache_row, valid
+        """Cache rows and validity of one tile's BN selected entries (always in
+        bounds, also for a tile past the end)."""
+        return selected_cache_rows(p, idx_ref, bt_ref, row, request_ok, safe_request,
+                                   tile * bn + columns, w, head_offset)
 
     def load_tile(cache_row, valid):
         # K is gathered already transposed ([D, BN]: the address, not a
@@ -169,6 +156,29 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         part_ref, lse_ref = out_refs
         part_ref[split, q_rows, :] = out
         lse_ref[split, q_rows] = lse
+
+
+def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request_ok, safe_request,
+                        cols, limit, head_offset):
+    """Cache rows and validity of selection columns ``cols`` [BN] of ``row`` (index and
+    block-table loads, always in bounds). Columns at or past ``limit`` count as padding
+    (-1): W in the forward, the consumed-column end in the backward. Shared by the
+    forward and backward kernels, so both read exactly the same entries."""
+    kv = p.kv
+    # Columns >= W (last partial tile) read a clamped column, then become -1.
+    tokens = idx_ref[row, jnp.minimum(cols, p.selection_width - 1)]
+    tokens = jnp.where(cols < limit, tokens, -1)
+    safe_tok = jnp.maximum(tokens, 0)
+    # safe_tok >= 0: truncating div/rem are floor div/mod here and much
+    # cheaper in Triton than Python-style floor semantics.
+    logical_page = lax.div(safe_tok, kv.page_size)
+    valid = request_ok & (tokens >= 0) & (logical_page < p.table_width)
+    page = bt_ref[safe_request, jnp.minimum(logical_page, p.table_width - 1)]
+    valid = valid & (page >= 0) & (page < kv.num_pages)
+    # Invalid entries address row 0 (always in range); the loads zero them.
+    cache_row = jnp.where(
+        valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
+    return cache_row, valid
 
 
 def _load_rows(ref, row_index, col_index, valid, masked: bool):
