@@ -333,7 +333,8 @@ def main(argv=None) -> int:
     bad = [r for r in results["results"] if r.get("error") or (r.get("check") and not r["check"].get("ok", True))]
     if bad:
         print(f"{len(bad)} case(s) FAILED the check or raised: see the table", flush=True)
-    return 0
+    # A failed check or an error is the run's verdict too (scripts and CI see it).
+    return 1 if bad else 0
 
 
 def _load_original(version: str):

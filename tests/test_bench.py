@@ -241,3 +241,25 @@ def test_hopper_sweep_pieces_on_cpu(tmp_path):
     bursts = HS.split_bursts(kernels, 3)
     assert [len(b) for b in bursts] == [2, 1, 1]
     assert HS.split_bursts(kernels, 2) is None  # a miscount is reported, not guessed
+
+
+def test_bench_exit_status_reports_a_failed_case(tmp_path, monkeypatch):
+    """bench.run exits nonzero when a case fails its check (here: the XLA output perturbed)."""
+    import jax
+    import jax.numpy as jnp
+
+    from bench import run
+    from qsa_jax.ops.sparse_attention import xla as sxla
+
+    real = sxla.run
+
+    def off_by_a_lot(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return (out.astype(jnp.float32) * 1.01).astype(out.dtype)
+
+    monkeypatch.setattr(sxla, "run", off_by_a_lot)
+    jax.clear_caches()  # no earlier trace of the same call may stand in for the patched one
+    rc = run.main(["--cpu", "--op", "sparse", "--tp", "TP4", "--rows", "3", "--n-calls", "2", "--eager-calls", "2",
+                   "--impl", "xla", "--no-plot", "--no-progress", "--out", str(tmp_path)])
+    jax.clear_caches()
+    assert rc == 1
