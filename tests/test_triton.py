@@ -279,7 +279,7 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
             try:
                 got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
                                jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
-                               jnp.asarray(case.output_gate), config=problem.config)
+                               jnp.asarray(case.output_gate))
                 err = assert_fidelity(np.asarray(got), expected, what=f"{case.name}/{layout}")["rel_err"]
                 print(f"sparse_attention {case.name} {layout} cfg={tuple(problem.config)} rel_err={err:.2e}")
             except AssertionError as exc:
@@ -306,7 +306,7 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
     try:
         got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
                        jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
-                       jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate), config=cfg)
+                       jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
         err = assert_fidelity(np.asarray(got), expected, what="fresh_edge vs oracle")["rel_err"]
         print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
     except AssertionError as exc:
@@ -362,7 +362,7 @@ def _interpret_fp8_cases(sbase, stri) -> int:
             scales = sbase.scale_operand(problem, 0.5, 2.0)
             got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(kv),), jnp.asarray(case.logical_indices),
                            jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
-                           jnp.asarray(case.output_gate), scales, config=cfg)
+                           jnp.asarray(case.output_gate), scales)
             split = kv.transpose(0, 2, 1, 3)
             ref = oracle.sparse_attention_oracle(
                 case.q, split[..., :d], split[..., d:], case.logical_indices, case.block_table,
