@@ -135,9 +135,9 @@ VLLM_034_FP8_OVERRIDES: dict[tuple[int, int], dict[str, int]] = {(8, 0): dict(bl
 
 # This project's own Hopper table, measured on an H200 (2026-12-03) by
 # ``python -m bench.hopper_sweep``: per bucket of programs, the fastest (block_n,
-# splits, warps, stages) of 15-26 tried on the TP1 and TP4 geometries in one process
+# splits, warps, stages) of 6-26 tried (6 at 4096 programs) on the TP1 and TP4 geometries in one process
 # beside vLLM 0.30.0 and 0.34.0, among the configs whose error from exact float64
-# attention is at most 1.10x the 0.30.0 original's (all winners measured 0.98-1.02x).
+# attention is at most 1.10x the 0.30.0 original's (the winners measured 1.00-1.04x).
 # Busy time per call of each winner against the faster original, TP1 / TP4
 # (bench/results/nvidia-h200_2026-12-03/hopper_sweep/sweep.md):
 #   1-2 programs 0.88-0.94x, 4 1.01x, 8 1.07-1.13x, 16 1.02-1.06x (at 4-16 programs the
@@ -228,7 +228,8 @@ def select_config(
 
     ``num_columns`` is the selection width W (without the trailing count
     column). ``use_prefill_config`` only matters above 2048 programs, where a
-    prefill batch prefers narrower tiles with one warp. ``is_fp8``: the cache
+    prefill batch gets narrower tiles with one warp in vLLM's tables (the measured H200
+    table has no separate prefill entry). ``is_fp8``: the cache
     holds e4m3 values (float8_e4m3fn, or their bytes as uint8). ``capability``
     ((major, minor), default: the current device's) and ``table`` pick the table:
     see ``table_tiling``. ``table="vllm-0.30"`` is exactly vLLM 0.30.0's
@@ -360,7 +361,8 @@ def _with_override(default, override):
 
 
 # Triton's software pipelining of the Pallas tile loop when no measured table sets it:
-# 3 stages were always worse than 2 on Hopper (docs/spec.md §9); the originals use 2.
+# 2, as the originals (with 0.30.0's tilings 3 stages were slower on Hopper, docs/spec.md §9;
+# the measured H200 table sets 3 where it measured faster).
 PALLAS_NUM_STAGES = 2
 PALLAS_MERGE_WARPS = 2
 
