@@ -31,13 +31,34 @@ def available() -> bool:
     return (GOLDEN_DIR / "manifest.json").exists()
 
 
+def _rebuilt_caches() -> dict[str, C.SparseAttentionCase]:
+    from qsa_testing.golden_cases import sparse_golden_cases
+
+    return {case.name: case for case in sparse_golden_cases()}
+
+
+def _checked(cache: np.ndarray, meta: dict) -> np.ndarray:
+    from qsa_testing.golden_cases import sha256
+
+    if sha256(cache) != meta["kv_sha256"]:
+        raise RuntimeError(
+            f"golden {meta['name']}: the rebuilt cache pages differ from the recorded ones (SHA-256); "
+            "qsa_testing.golden_cases or NumPy's generator changed: re-record with tools/record_goldens.py")
+    return cache
+
+
 def sparse_attention_cases() -> list[tuple[C.SparseAttentionCase, np.ndarray]]:
+    """vLLM 0.30.0's goldens: (case, expected output). The cache pages are rebuilt from the
+    recording's seeds and checked against its digest; the rest is read from the file."""
     raw = _unpack(np.load(GOLDEN_DIR / "sparse_attention.npz"))
+    rebuilt = _rebuilt_caches()
     result = []
-    for name, f in raw.items():
+    for meta in manifest()["sparse_attention"]:
+        f = dict(raw[meta["name"]])
         expected = f.pop("expected_out")
         prefill = bool(f.pop("use_prefill_config"))
-        result.append((C.SparseAttentionCase(name=name, use_prefill_config=prefill, **f), expected))
+        f["kv_cache"] = _checked(rebuilt[meta["name"]].kv_cache, meta)
+        result.append((C.SparseAttentionCase(name=meta["name"], use_prefill_config=prefill, **f), expected))
     return result
 
 
@@ -60,18 +81,22 @@ def store_cases() -> list[tuple[C.StoreCase, np.ndarray]]:
 
 def sparse_attention_v034_cases() -> list[tuple[C.SparseAttentionCase, np.ndarray, dict]]:
     """vLLM 0.34.0's goldens: (case, expected output, manifest entry). The entry names the
-    cache kind ("e4m3", "bytes" or "bf16"), the scales and the tiling 0.34.0 chose on the
-    recording card; an "e4m3" case's kv_cache is returned as float8_e4m3fn."""
+    0.30.0 case whose inputs it shares (``base``), the cache kind ("e4m3", "bytes" or
+    "bf16"), the scales and the tiling 0.34.0 chose on the recording card; the cache is
+    rebuilt in that kind's storage (float8_e4m3fn for "e4m3") and checked against its digest."""
     path = GOLDEN_DIR / "sparse_attention_v034.npz"
     if not path.exists():
         return []
+    from qsa_testing.golden_cases import v034_cache
+
     raw = _unpack(np.load(path))
+    bases = _rebuilt_caches()
     result = []
     for meta in manifest().get("sparse_attention_v034", []):
-        f = dict(raw[meta["name"]])
-        expected = f.pop("expected_out")
-        prefill = bool(f.pop("use_prefill_config"))
-        if meta["kv"] == "e4m3":
-            f["kv_cache"] = f["kv_cache"].view(C.E4M3)
-        result.append((C.SparseAttentionCase(name=meta["name"], use_prefill_config=prefill, **f), expected, meta))
+        base = bases[meta["base"]]
+        inputs = {k: v for k, v in base.arrays().items() if k != "kv_cache"}
+        kv = _checked(v034_cache(base, meta["kv"]), meta)
+        case = C.SparseAttentionCase(name=meta["name"], use_prefill_config=base.use_prefill_config,
+                                     kv_cache=kv, **inputs)
+        result.append((case, raw[meta["name"]]["expected_out"], meta))
     return result
