@@ -288,11 +288,8 @@ class SparseAttentionProblem:
         kv = dataclasses.replace(self.kv, num_kv_heads=num_kv_heads)
         changes = dict(num_rows=num_rows, num_query_heads=num_query_heads, kv=kv)
         if not self.config_explicit:
-            programs = num_rows * num_kv_heads
-            changes["config"] = select_config(num_rows, num_kv_heads, self.prefill_tiling, self.selection_width,
-                                              self.is_fp8, table=self.table)
-            changes["num_stages"] = table_tiling(programs, self.prefill_tiling, is_fp8=self.is_fp8,
-                                                 table=self.table).stages
+            changes["config"], changes["num_stages"] = table_choice(
+                num_rows, num_kv_heads, self.selection_width, self.prefill_tiling, self.is_fp8, self.table)
         return dataclasses.replace(self, **changes)
 
     @property
@@ -310,6 +307,14 @@ class SparseAttentionProblem:
     @property
     def group_size(self) -> int:
         return self.num_query_heads // self.kv.num_kv_heads
+
+
+def table_choice(rows: int, num_kv_heads: int, width: int, use_prefill_config: bool, is_fp8: bool,
+                 table: str | None) -> tuple[SparseAttentionConfig, int | None]:
+    """(tiling, pipelining depth or None) that ``table`` picks for this many rows x KV heads:
+    the one place a call (and each shard of one on a mesh) reads the config tables."""
+    cfg = select_config(rows, num_kv_heads, use_prefill_config, width, is_fp8, table=table)
+    return cfg, table_tiling(rows * num_kv_heads, use_prefill_config, is_fp8=is_fp8, table=table).stages
 
 
 def check_sparse_attention_args(
@@ -389,10 +394,7 @@ def check_sparse_attention_args(
     explicit = not (config is None or isinstance(config, str))
     stages = None
     if not explicit:
-        cfg = select_config(rows, cache.num_kv_heads, bool(use_prefill_config), width, fmt != "bf16",
-                            table=config)
-        stages = table_tiling(rows * cache.num_kv_heads, bool(use_prefill_config), is_fp8=fmt != "bf16",
-                              table=config).stages
+        cfg, stages = table_choice(rows, cache.num_kv_heads, width, bool(use_prefill_config), fmt != "bf16", config)
     else:
         cfg = SparseAttentionConfig(*config)
         if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
@@ -401,8 +403,8 @@ def check_sparse_attention_args(
             raise ValueError(f"config.num_tiles must be >= 1; got {cfg.num_tiles}")
         if not 1 <= cfg.num_splits <= cfg.num_tiles:
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
-    prefill_tiling = not explicit and cfg != select_config(rows, cache.num_kv_heads, False, width, fmt != "bf16",
-                                                           table=config)
+    prefill_tiling = not explicit and cfg != table_choice(rows, cache.num_kv_heads, width, False, fmt != "bf16",
+                                                          config)[0]
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
                                   config_explicit=explicit, q_layout=q_layout, kv_format=fmt,
                                   scaled=all(given.values()), num_stages=stages,
