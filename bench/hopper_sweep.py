@@ -94,6 +94,9 @@ def stage1_variants(programs: int, width: int) -> list[Variant]:
 def exact_attention_torch(q, kv, idx, block_table, token_to_req, gate, rows: int):
     """Exact gated attention of the first ``rows`` rows in float64 on the GPU (torch).
 
+    The same definition as ``qsa_testing.exact`` (tests/test_bench.py checks the two agree),
+    computed where the multi-GB pool lives instead of fetching its rows to the host.
+
     Valid entries as the operator defines them (request in range, token >= 0, page in
     the table, physical page in range, column < count); softmax(q.K^T / sqrt(D)) V,
     times sigmoid(gate), with no rounding in between. Rows with no valid entry give 0.
