@@ -1,6 +1,6 @@
 """Sweep of the Pallas sparse-attention tiling and launch knobs on the GPU, per program bucket.
 
-    python -m bench.hopper_sweep --out DIR [--buckets 1,2,4,...] [--budget-s 480]
+    python -m bench.hopper_sweep --out DIR [--buckets 1,2,4,...] [--budget-s 480] [--kv-dtype fp8]
 
 For every bucket of programs (rows x KV heads = 1, 2, 4, ..., 8192) it times, in one
 process on the same fresh selections, the Pallas kernel under many tilings
@@ -10,6 +10,11 @@ config's output is also checked against exact attention (float64, no tiling:
 ``exact_attention_torch`` below) on the first rows of one selection set, so that a
 config is eligible only if it meets the accuracy bar: its error from exact is at
 most 1.10x the 0.30.0 original's on the same rows.
+
+With ``--kv-dtype fp8`` the cache is float8_e4m3fn (passed to Pallas as its uint8
+bytes) with k/v scales 0.5 and 2.0; the comparator and the accuracy reference is then
+vLLM 0.34.0 alone (0.30.0 has no fp8 path), and exact attention is computed from the
+dequantised fp8 values times the scales.
 
 Each bucket is measured on the TP1 geometry (rows = programs / 2) and the TP4
 geometry (rows = programs): G = 12 and 6 query heads per program. TP2 does the
@@ -43,6 +48,14 @@ GAP_S = 0.05  # idle time between configs in a trace
 GAP_SPLIT_NS = 20_000_000  # kernels further apart than this belong to different configs
 ACCURACY_FACTOR = 1.10
 EXACT_ROWS = 32  # rows of set 0 compared with exact attention
+FP8_SCALES = (0.5, 2.0)  # k_scale, v_scale of the fp8 sweep: not 1, so a dropped scale shows
+VERSIONS = {"bf16": ("0.30.0", "0.34.0"), "fp8": ("0.34.0",)}  # originals timed beside Pallas
+
+
+def versions_of(results) -> tuple[str, ...]:
+    """The originals a sweep compared with; the first is its accuracy reference (sweeps
+    written before fp8 existed have no ``kv_dtype`` and are bf16)."""
+    return VERSIONS[results.get("kv_dtype", "bf16")]
 
 
 def split_choices(programs: int) -> tuple[int, ...]:
@@ -91,15 +104,18 @@ def stage1_variants(programs: int, width: int) -> list[Variant]:
     return out
 
 
-def exact_attention_torch(q, kv, idx, block_table, token_to_req, gate, rows: int):
+def exact_attention_torch(q, kv, idx, block_table, token_to_req, gate, rows: int,
+                          k_scale: float = 1.0, v_scale: float = 1.0):
     """Exact gated attention of the first ``rows`` rows in float64 on the GPU (torch).
 
     The same definition as ``qsa_testing.exact`` (tests/test_bench.py checks the two agree),
     computed where the multi-GB pool lives instead of fetching its rows to the host.
 
     Valid entries as the operator defines them (request in range, token >= 0, page in
-    the table, physical page in range, column < count); softmax(q.K^T / sqrt(D)) V,
-    times sigmoid(gate), with no rounding in between. Rows with no valid entry give 0.
+    the table, physical page in range, column < count); softmax(q.K^T k_scale / sqrt(D))
+    V v_scale, times sigmoid(gate), with no rounding in between. Rows with no valid entry
+    give 0. An fp8 ``kv`` is gathered as bytes (torch lacks float8 indexing kernels) and
+    dequantised exactly.
     """
     import torch
 
@@ -119,19 +135,22 @@ def exact_attention_torch(q, kv, idx, block_table, token_to_req, gate, rows: int
     valid &= (pg >= 0) & (pg < nb)
     pg = torch.where(valid, pg, 0)
     slot = torch.where(valid, safe_tok % page, 0)
-    rows_kv = kv[pg, :, slot, :].double()  # [R, W, Hk, 2D]
+    if kv.dtype == torch.float8_e4m3fn:
+        rows_kv = kv.view(torch.uint8)[pg, :, slot, :].view(torch.float8_e4m3fn).double()  # [R, W, Hk, 2D]
+    else:
+        rows_kv = kv[pg, :, slot, :].double()  # [R, W, Hk, 2D]
     # Invalid entries read row 0, which may hold anything (NaN): zero them, never multiply.
     rows_kv = torch.where(valid[:, :, None, None], rows_kv, 0.0)
     keys, values = rows_kv[..., :d], rows_kv[..., d:]
     h = q.shape[1]
     g = h // hk
     qd = q[:rows].double().reshape(rows, hk, g, d)
-    scores = torch.einsum("rkgd,rwkd->rkgw", qd, keys) * d ** -0.5
+    scores = torch.einsum("rkgd,rwkd->rkgw", qd, keys) * (d ** -0.5 * k_scale)
     scores = scores.masked_fill(~valid[:, None, None, :], -math.inf)
     any_valid = valid.any(dim=1)[:, None, None, None]
     probs = torch.softmax(torch.where(any_valid, scores, 0.0), dim=-1)
     probs = torch.where(any_valid & valid[:, None, None, :], probs, 0.0)
-    out = torch.einsum("rkgw,rwkd->rkgd", probs, values).reshape(rows, h, d)
+    out = torch.einsum("rkgw,rwkd->rkgd", probs, values).reshape(rows, h, d) * v_scale
     return out * torch.sigmoid(gate[:rows].double())
 
 
@@ -158,7 +177,7 @@ def split_bursts(kernels, expected: int):
 class Case:
     """One (geometry, rows) case: inputs, the originals' busy time and error, exact output."""
 
-    def __init__(self, geo_name: str, rows: int, n_sets: int, pools, mods, seed: int):
+    def __init__(self, geo_name: str, rows: int, n_sets: int, pools, mods, seed: int, scales=None):
         import jax
         import torch
 
@@ -176,7 +195,9 @@ class Case:
         d = geo.head_dim
         self.k, self.v = self.kv_t.transpose(1, 2).split(d, -1)
         m = min(rows, EXACT_ROWS)
-        self.exact = exact_attention_torch(self.tq, self.kv_t, self.tidx[0], self.tbt, self.tt2r, self.tgate, m)
+        self.scales = scales  # None (bf16) or (k_scale, v_scale) for the fp8 cache
+        self.exact = exact_attention_torch(self.tq, self.kv_t, self.tidx[0], self.tbt, self.tt2r, self.tgate, m,
+                                           *(scales or (1.0, 1.0)))
         self.exact_rows = m
         self.mods = mods
         self.width = geo.selection_width
@@ -193,7 +214,7 @@ class Case:
         def run():
             for idx in self.tidx:
                 mod.qsa_sparse_paged_attention(self.tq, self.k, self.v, idx, self.tbt, self.tt2r, flag, out,
-                                               output_gate=self.tgate)
+                                               *(self.scales or ()), output_gate=self.tgate)
             return out
         return run, out
 
@@ -203,12 +224,13 @@ class Case:
 
         out = torch.empty_like(self.tq)
         self.mods[version].qsa_sparse_paged_attention(self.tq, self.k, self.v, self.tidx[0], self.tbt, self.tt2r,
-                                                      flag, out, output_gate=self.tgate)
+                                                      flag, out, *(self.scales or ()), output_gate=self.tgate)
         torch.cuda.synchronize()
         return out
 
     def original_config(self, version: str, flag: bool):
-        return tuple(self.mods[version]._select_config(self.rows, self.geo.num_kv_heads, flag, self.width))
+        fp8 = () if self.scales is None else (True,)  # 0.34.0's is_fp8 argument
+        return tuple(self.mods[version]._select_config(self.rows, self.geo.num_kv_heads, flag, self.width, *fp8))
 
 
 def build_fn(case: Case, v: Variant):
@@ -221,10 +243,11 @@ def build_fn(case: Case, v: Variant):
 
     cfg = (v.block_n, v.warps, -(-case.width // v.block_n), v.splits)
     launch = qsa_jax.PallasLaunch(num_stages=v.stages)
+    scales = {} if case.scales is None else dict(zip(("k_scale", "v_scale"), case.scales))
 
     def chain(q, kv, idx_sets, bt, t2r, gate):
         return sequential_calls(lambda i: qsa_jax.sparse_attention(
-            q, kv, i, bt, t2r, gate, config=cfg, implementation="pallas", launch=launch), idx_sets)
+            q, kv, i, bt, t2r, gate, config=cfg, implementation="pallas", launch=launch, **scales), idx_sets)
     return jax.jit(chain)
 
 
@@ -298,6 +321,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--pool-gb", type=float, default=2.0)
+    ap.add_argument("--kv-dtype", choices=sorted(VERSIONS), default="bf16")
     ap.add_argument("--replot", action="store_true", help="only redraw sweep.png and sweep.md from --out's sweep.json")
     a = ap.parse_args(argv)
     if a.replot:
@@ -316,16 +340,20 @@ def main(argv=None) -> int:
     from qsa_testing import originals
 
     os.makedirs(a.out, exist_ok=True)
-    mods = {"0.30.0": originals.load("0.30.0"), "0.34.0": originals.load("0.34.0")}
+    fp8 = a.kv_dtype == "fp8"
+    versions = VERSIONS[a.kv_dtype]
+    scales = FP8_SCALES if fp8 else None
+    mods = {ver: originals.load(ver) for ver in versions}
     pools = {}
     for name in ("TP1", "TP4"):
         geo = inputs.geometry(name, cpu=False, pool_gb=a.pool_gb)
-        kv_t, kv = inputs.make_pool(geo, gpu=True, seed=11 + len(pools))
+        kv_t, kv = inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=fp8)
         pools[name] = (geo, kv_t, kv)
     card = jax.devices()[0].device_kind
     results = {"card": card, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "jax": jax.__version__,
                "git_commit": os.environ.get("QSA_GIT_COMMIT", ""), "n_sets": a.n_sets, "runs": a.runs,
-               "accuracy_factor": ACCURACY_FACTOR, "exact_rows": EXACT_ROWS, "buckets": []}
+               "accuracy_factor": ACCURACY_FACTOR, "exact_rows": EXACT_ROWS, "kv_dtype": a.kv_dtype,
+               "scales": scales, "buckets": []}
     pool = concurrent.futures.ThreadPoolExecutor(a.threads)
 
     def save():
@@ -341,8 +369,8 @@ def main(argv=None) -> int:
         t_bucket = time.perf_counter()
         cases = []
         if programs % 2 == 0:
-            cases.append(Case("TP1", programs // 2, a.n_sets, pools, mods, seed=programs))
-        cases.append(Case("TP4", programs, a.n_sets, pools, mods, seed=programs + 1))
+            cases.append(Case("TP1", programs // 2, a.n_sets, pools, mods, seed=programs, scales=scales))
+        cases.append(Case("TP4", programs, a.n_sets, pools, mods, seed=programs + 1, scales=scales))
         bucket = {"programs": programs, "cases": []}
         measured: dict[tuple[str, str], dict] = {}
 
@@ -353,7 +381,7 @@ def main(argv=None) -> int:
             if with_originals:
                 for c in cases:
                     flags = (False, True) if programs > 2048 else (False,)
-                    for ver in ("0.30.0", "0.34.0"):
+                    for ver in versions:
                         for flag in flags:
                             run, _ = c.original_calls(ver, flag)
                             origs.append(((c.geo_name, ver, flag), run))
@@ -369,7 +397,7 @@ def main(argv=None) -> int:
         orig_us = run_stage(stage1_variants(programs, cases[0].width), True)
         for c in cases:
             rec = {"geometry": c.geo_name, "rows": c.rows, "originals": {}}
-            for ver in ("0.30.0", "0.34.0"):
+            for ver in versions:
                 for flag in ((False, True) if programs > 2048 else (False,)):
                     out = c.original_once(ver, flag)
                     rec["originals"][f"{ver}/prefill={flag}"] = {
@@ -379,7 +407,7 @@ def main(argv=None) -> int:
             bucket["cases"].append(rec)
 
         def bar(c_index):
-            return ACCURACY_FACTOR * bucket["cases"][c_index]["originals"]["0.30.0/prefill=False"]["err_exact"]
+            return ACCURACY_FACTOR * bucket["cases"][c_index]["originals"][f"{versions[0]}/prefill=False"]["err_exact"]
 
         def ranking():
             keys = {k for (_, k) in measured}
@@ -415,7 +443,7 @@ def main(argv=None) -> int:
         bucket["seconds"] = time.perf_counter() - t_bucket
         results["buckets"].append(bucket)
         save()
-        print(bucket_line(bucket), flush=True)
+        print(bucket_line(bucket, versions), flush=True)
         del cases
     save()
     print(markdown(results))
@@ -446,13 +474,14 @@ def plot(results, path: str) -> None:
             for c in b["cases"]:
                 if c["geometry"] != geo:
                     continue
-                for ver in ("0.30.0", "0.34.0"):
+                for ver in versions_of(results):
                     o = c["originals"][f"{ver}/prefill=False"]
                     if o["busy_us"]:
                         lines.setdefault(f"vLLM {ver}", {})[b["programs"]] = o["busy_us"]
         for label, pts in sorted(lines.items()):
             xs = sorted(pts)
-            style = dict(lw=2.5, color="black" if "0.30" in label else "gray") if "vLLM" in label else dict(lw=1)
+            style = (dict(lw=2.5, color="black" if versions_of(results)[0] in label else "gray")
+                     if "vLLM" in label else dict(lw=1))
             ax.plot(xs, [pts[x] for x in xs], marker="o", ms=3, label=label, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -461,50 +490,59 @@ def plot(results, path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("GPU busy time per call (µs)")
     axes[-1].legend(fontsize=7)
-    fig.suptitle(f"Pallas sparse attention tiling sweep, {results['card']}, {results['date']}")
+    fig.suptitle(f"Pallas sparse attention tiling sweep ({results.get('kv_dtype', 'bf16')} cache), "
+                 f"{results['card']}, {results['date']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def bucket_line(b) -> str:
+def winner_of(b, c):
+    """The bucket winner's measurement on case ``c``'s geometry (None without a winner)."""
+    w = b["winner"]
+    return next((m for m in b["measured"] if m["geometry"] == c["geometry"] and w and m["key"] == w["key"]), None)
+
+
+def bucket_line(b, versions) -> str:
     w = b["winner"]
     parts = [f"programs {b['programs']:5d}: winner {w['key'] if w else 'none'} ({b['seconds']:.0f} s)"]
     for c in b["cases"]:
-        mine = next((m for m in b["measured"] if m["geometry"] == c["geometry"] and w and m["key"] == w["key"]), None)
-        o30 = c["originals"]["0.30.0/prefill=False"]
-        o34 = c["originals"]["0.34.0/prefill=False"]
-        if mine and mine["busy_us"] and o30["busy_us"] and o34["busy_us"]:
-            parts.append(f"{c['geometry']} rows {c['rows']}: {mine['busy_us']:.1f} µs vs 0.30 {o30['busy_us']:.1f} "
-                         f"/ 0.34 {o34['busy_us']:.1f}; err {mine['err_exact']:.2e} vs {o30['err_exact']:.2e}")
+        mine = winner_of(b, c)
+        origs = [c["originals"][f"{ver}/prefill=False"] for ver in versions]
+        if mine and mine["busy_us"] and all(o["busy_us"] for o in origs):
+            vs = " / ".join(f"{ver[:4]} {o['busy_us']:.1f}" for ver, o in zip(versions, origs))
+            parts.append(f"{c['geometry']} rows {c['rows']}: {mine['busy_us']:.1f} µs vs {vs}; "
+                         f"err {mine['err_exact']:.2e} vs {origs[0]['err_exact']:.2e}")
     return "; ".join(parts)
 
 
 def markdown(results) -> str:
-    lines = [f"# Pallas tiling sweep — {results['card']}, {results['date']}", "",
+    versions = versions_of(results)
+    kv = results.get("kv_dtype", "bf16")
+    cache = "bf16 cache" if kv == "bf16" else "fp8 cache: e4m3, k_scale {}, v_scale {}".format(*results["scales"])
+    lines = [f"# Pallas tiling sweep ({cache}) — {results['card']}, {results['date']}", "",
              f"GPU busy time per call (µs; sum of kernel durations from a profiler trace, "
              f"{results['n_sets']} fresh selection sets x {results['runs']} runs). err = relative Frobenius "
              f"error from exact float64 attention on the first {results['exact_rows']} rows of one set; a config "
-             f"is eligible when err <= {results['accuracy_factor']} x the 0.30.0 original's.", "",
-             "| programs | geometry | rows | winner (block_n/splits/warps/stages) | busy µs | 0.30.0 µs | "
-             "0.34.0 µs | vs faster original | err | err 0.30.0 | err 0.34.0 | configs tried |",
-             "|" + "---|" * 12]
+             f"is eligible when err <= {results['accuracy_factor']} x the {versions[0]} original's.", "",
+             "| programs | geometry | rows | winner (block_n/splits/warps/stages) | busy µs | "
+             + "".join(f"{ver} µs | " for ver in versions) + "vs faster original | err | "
+             + "".join(f"err {ver} | " for ver in versions) + "configs tried |",
+             "|" + "---|" * (8 + 2 * len(versions))]
     for b in results["buckets"]:
         w = b["winner"]
         for c in b["cases"]:
-            mine = next((m for m in b["measured"] if m["geometry"] == c["geometry"] and w and m["key"] == w["key"]),
-                        None)
-            o30 = c["originals"]["0.30.0/prefill=False"]
-            o34 = c["originals"]["0.34.0/prefill=False"]
+            mine = winner_of(b, c)
+            origs = [c["originals"][f"{ver}/prefill=False"] for ver in versions]
             fmt = lambda x, f="{:.1f}": "" if x is None else f.format(x)  # noqa: E731
             ratio = ""
-            if mine and mine["busy_us"] and o30["busy_us"] and o34["busy_us"]:
-                ratio = f"{mine['busy_us'] / min(o30['busy_us'], o34['busy_us']):.2f}x"
+            if mine and mine["busy_us"] and all(o["busy_us"] for o in origs):
+                ratio = f"{mine['busy_us'] / min(o['busy_us'] for o in origs):.2f}x"
             tried = sum(1 for m in b["measured"] if m["geometry"] == c["geometry"])
             lines.append(
                 f"| {b['programs']} | {c['geometry']} | {c['rows']} | {w['key'] if w else 'none'} | "
-                f"{fmt(mine and mine['busy_us'])} | {fmt(o30['busy_us'])} | {fmt(o34['busy_us'])} | {ratio} | "
-                f"{fmt(mine and mine['err_exact'], '{:.2e}')} | {o30['err_exact']:.2e} | {o34['err_exact']:.2e} | "
-                f"{tried} |")
+                f"{fmt(mine and mine['busy_us'])} | " + "".join(f"{fmt(o['busy_us'])} | " for o in origs)
+                + f"{ratio} | {fmt(mine and mine['err_exact'], '{:.2e}')} | "
+                + "".join(f"{o['err_exact']:.2e} | " for o in origs) + f"{tried} |")
     return "\n".join(lines) + "\n"
 
 

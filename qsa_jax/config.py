@@ -435,10 +435,12 @@ def pallas_fp8_keys_via_f16() -> bool:
     through fp32 the widening is HADD2.F32 (FMA pipe) and the narrowing one packed
     F2FP, as vLLM 0.34.0's kernel compiles. CPU lowering (tools/sm90_ptx_fp8.py): the
     256 F2F.BF16.F16 and 128 PRMT per thread per 64-column tile disappear; registers
-    and spills stay as they are (notes/pallas.md, "fp8 loads on sm_90"). Off until
-    timed on a Hopper GPU.
+    and spills stay as they are (notes/pallas.md, "fp8 loads on sm_90"). Timed on an
+    H200 (2026-12-03, TP1, fp8 table tilings; bench/results/nvidia-h200_2026-12-03/session6/):
+    busy time -10% at 256 rows, -8% at 1024, -5% at 2048 decode, +4% at 2048 prefill (one
+    run each), so it is on. A function so that tests and the benchmark can switch it.
     """
-    return False
+    return True
 
 
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).

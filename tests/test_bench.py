@@ -235,12 +235,49 @@ def test_hopper_sweep_pieces_on_cpu(tmp_path):
     want = exact_attention(case.q, case.kv_cache, case.logical_indices, case.block_table,
                            case.token_to_req, case.output_gate)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+    # The fp8 sweep's exact attention: an e4m3 cache (poisoned rows stay NaN-free in fp8 only
+    # as bytes the kernel never reads) gathered as bytes, with scales that are not 1.
+    kv8 = torch.from_numpy(np.nan_to_num(np.asarray(case.kv_cache, np.float32), nan=1.0)).to(torch.float8_e4m3fn)
+    ks, vs = HS.FP8_SCALES
+    got8 = HS.exact_attention_torch(t(case.q), kv8, t(case.logical_indices), t(case.block_table),
+                                    t(case.token_to_req), t(case.output_gate), 6, ks, vs)
+    want8 = exact_attention(case.q, kv8.double().numpy(), case.logical_indices, case.block_table,
+                            case.token_to_req, case.output_gate, k_scale=ks, v_scale=vs)
+    np.testing.assert_allclose(got8.numpy(), want8, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(want8, exact_attention(case.q, kv8.double().numpy(), case.logical_indices,
+                                                  case.block_table, case.token_to_req, case.output_gate))
 
     ms = 1_000_000
     kernels = [Kernel("a", 0, 5), Kernel("a", 10, 5), Kernel("b", 50 * ms, 5), Kernel("c", 120 * ms, 5)]
     bursts = HS.split_bursts(kernels, 3)
     assert [len(b) for b in bursts] == [2, 1, 1]
     assert HS.split_bursts(kernels, 2) is None  # a miscount is reported, not guessed
+
+
+def test_hopper_sweep_report_by_cache_dtype():
+    """The sweep's report names its comparators: both originals for bf16 (and for sweeps
+    written before fp8 existed), 0.34.0 alone for fp8, with the winner's ratio to the faster."""
+    from bench import hopper_sweep as HS
+
+    def sweep(kv_dtype, versions):
+        orig = {f"{v}/prefill=False": {"busy_us": 10.0 + i, "config": [], "err_exact": 2e-3}
+                for i, v in enumerate(versions)}
+        m = {"geometry": "TP4", "key": "bn32/s4/w2/st2", "busy_us": 8.0, "err_exact": 2.1e-3,
+             "variant": {"block_n": 32, "splits": 4, "warps": 2, "stages": 2}}
+        r = {"card": "X", "date": "d", "n_sets": 1, "runs": 1, "exact_rows": 4, "accuracy_factor": 1.1,
+             "buckets": [{"programs": 4, "seconds": 1.0, "winner": {"key": m["key"]}, "measured": [m],
+                          "cases": [{"geometry": "TP4", "rows": 4, "originals": orig}]}]}
+        if kv_dtype:
+            r.update(kv_dtype=kv_dtype, scales=[0.5, 2.0])
+        return r
+
+    old = HS.markdown(sweep(None, ("0.30.0", "0.34.0")))
+    assert "0.30.0 µs | 0.34.0 µs" in old and "| 0.80x |" in old and "bf16 cache" in old
+    fp8 = HS.markdown(sweep("fp8", ("0.34.0",)))
+    assert "0.30.0" not in fp8 and "| 0.34.0 µs |" in fp8 and "fp8 cache" in fp8
+    row = [r for r in fp8.splitlines() if r.startswith("| 4 |")][0]
+    assert "| 8.0 | 10.0 | 0.80x |" in row
+    assert all(len(line.split("|")) == len(fp8.splitlines()[4].split("|")) for line in fp8.splitlines()[4:6])
 
 
 def test_bench_exit_status_reports_a_failed_case(tmp_path, monkeypatch):
