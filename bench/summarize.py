@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
+
+from bench.records import CaseResult, RunResult, load
 
 IMPL_ORDER = ("original", "xla", "pallas", "triton", "shim")
 
@@ -18,57 +19,57 @@ IMPL_ORDER = ("original", "xla", "pallas", "triton", "shim")
 HOST_BOUND_RATIO = 1.2
 
 
-def _host_bound(r) -> bool:
-    dev, busy = r.get("device_s"), r.get("busy_s")
-    return bool(dev and busy and r["impl"] != "original" and dev > HOST_BOUND_RATIO * busy)
+def _host_bound(r: CaseResult) -> bool:
+    dev, busy = r.timing.device_s, r.timing.busy_s
+    return bool(dev and busy and r.case.impl != "original" and dev > HOST_BOUND_RATIO * busy)
 
 
-def _cell(r, with_ratio: bool) -> str:
+def _eager_loop(r: CaseResult) -> bool:
+    return str(r.timing.method or "").startswith("eager loop")
+
+
+def _cell(r: CaseResult | None, with_ratio: bool) -> str:
     if r is None:
         return ""
-    if r.get("error"):
+    if r.error:
         return "error"
-    dev = r.get("device_s")
+    dev = r.timing.device_s
     if not dev:
         return ""
-    txt = f"{dev * 1e6:,.1f} µs, {r.get('pct_copy_bw', 0):.0f}%"
-    if with_ratio and r.get("ratio_to_original"):
-        txt += f", ×{r['ratio_to_original']:.2f}"
-    if str(r.get("method", "")).startswith("eager loop"):
+    txt = f"{dev * 1e6:,.1f} µs, {r.rates.pct_copy_bw or 0:.0f}%"
+    if with_ratio and r.rates.ratio_to_original:
+        txt += f", ×{r.rates.ratio_to_original:.2f}"
+    if _eager_loop(r):
         txt += " †"
     if _host_bound(r):
-        txt += f" ‡ (GPU busy {r['busy_s'] * 1e6:,.1f} µs)"
-    chk = r.get("check")
-    if chk and not chk.get("ok", True):
+        txt += f" ‡ (GPU busy {r.timing.busy_s * 1e6:,.1f} µs)"
+    if r.check is not None and not r.check.ok:
         txt += " **FAIL**"
     return txt
 
 
-def summary_table(results: dict) -> str:
+def summary_table(run: RunResult) -> str:
     """Markdown: per op and geometry, rows x implementation -> device µs/call, % copy BW, × original."""
-    m = results["machine"]
-    recs = results["results"]
-    impls = [i for i in IMPL_ORDER if any(r["impl"] == i for r in recs)]
+    m = run.machine
+    recs = run.results
+    impls = [i for i in IMPL_ORDER if any(r.case.impl == i for r in recs)]
     lines = []
-    note = " — NOT a GPU measurement (CPU mode, reduced sizes)" if results.get("not_a_gpu_measurement") else ""
+    note = " — NOT a GPU measurement (CPU mode, reduced sizes)" if run.not_a_gpu_measurement else ""
     lines.append(f"Device time per call, % of measured copy bandwidth "
-                 f"({results['copy_bandwidth']['gbps']:,.0f} GB/s) and ratio to the original, on "
-                 f"{m['card']} ({m['date']}, N={results['settings']['n_calls']} fresh input sets per timed "
+                 f"({run.copy_bandwidth['gbps']:,.0f} GB/s) and ratio to the original, on "
+                 f"{m['card']} ({m['date']}, N={run.settings['n_calls']} fresh input sets per timed "
                  f"unit){note}.")
-    groups = list(dict.fromkeys((r["op"], r["geometry"]) for r in recs))
+    groups = list(dict.fromkeys((r.case.op, r.case.geometry) for r in recs))
     for op, where in groups:
-        mine = [r for r in recs if r["op"] == op and r["geometry"] == where]
-        keys = list(dict.fromkeys((r["rows"], bool(r.get("use_prefill_config"))) for r in mine))
+        mine = [r for r in recs if r.case.op == op and r.case.geometry == where]
+        by_key = {(r.case.rows, bool(r.case.use_prefill_config), r.case.impl): r for r in reversed(mine)}
+        keys = list(dict.fromkeys((r.case.rows, bool(r.case.use_prefill_config)) for r in mine))
         lines += ["", f"**{op} — {where}**", "",
                   "| rows | " + " | ".join(impls) + " |", "|---|" + "---|" * len(impls)]
         for rows, flag in keys:
-            cells = []
-            for impl in impls:
-                r = next((x for x in mine if x["impl"] == impl and x["rows"] == rows
-                          and bool(x.get("use_prefill_config")) == flag), None)
-                cells.append(_cell(r, impl != "original"))
+            cells = [_cell(by_key.get((rows, flag, impl)), impl != "original") for impl in impls]
             lines.append(f"| {rows}{' (prefill cfg)' if flag else ''} | " + " | ".join(cells) + " |")
-    if any(str(r.get("method", "")).startswith("eager loop") for r in recs):
+    if any(_eager_loop(r) for r in recs):
         lines += ["", "† timed as N eager calls launched back to back (CUDA events), not a CUDA graph: "
                       "its JAX work cannot be captured in one; where its host cost per call exceeds the "
                       "device time, this is the host cost."]
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=pathlib.Path, help="results.json written by python -m bench.run")
     a = p.parse_args(argv)
-    print(summary_table(json.loads(a.results.read_text())))
+    print(summary_table(load(a.results)))
     return 0
 
 

@@ -1,10 +1,29 @@
-"""Smoke test of the benchmark's CPU mode on a tiny subset (seconds)."""
+"""Smoke test of the benchmark's CPU mode on a tiny subset (seconds), and its records."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pathlib
 
 import pytest
+
+from bench.records import Case, CaseResult, Check, Rates, RunResult, Timing, Workload
+
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results"
+# The newest committed grid: its results.md was rendered by bench.report from its results.json.
+NEWEST_GRID = RESULTS / "nvidia-h200_2026-12-03" / "grid_d6687c8"
+
+
+def _result(impl, *, rows=1, op="sparse_attention", **timing):
+    return CaseResult(Case(op, rows, impl, tp="TP1", kv_dtype="bf16", use_prefill_config=False),
+                      Workload({"total": 1000}), Timing(**timing))
+
+
+def _run(results, **header):
+    return RunResult(**{"machine": {"card": "card", "date": "d"}, "mode": "gpu", "not_a_gpu_measurement": False,
+                        "copy_bandwidth": {"gbps": 4000.0}, "settings": {"n_calls": 20}, "implementations": {},
+                        "byte_model": {}, "method": {}, **header}, results=tuple(results))
 
 
 def test_bench_cpu_mode_tiny(tmp_path):
@@ -15,6 +34,7 @@ def test_bench_cpu_mode_tiny(tmp_path):
                    "--n-calls", "2", "--eager-calls", "2", "--no-progress", "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
+    run = RunResult.from_json(res)
     assert res["mode"] == "cpu" and res["not_a_gpu_measurement"] is True
     assert "NOT a GPU measurement" in res["machine"]["warning"]
     assert "NOT a GPU measurement" in (out / "results.md").read_text()
@@ -31,7 +51,7 @@ def test_bench_cpu_mode_tiny(tmp_path):
     # sparse attention is held to the accuracy contract (any tiling), fidelity recorded beside
     assert all(r["check"]["contract"] == "accuracy" and r["check"]["fidelity_ok"] for r in sparse)
     assert res["copy_bandwidth"]["gbps"] > 0
-    table = summarize.summary_table(res)
+    table = summarize.summary_table(run)
     assert "sparse_attention — TP4" in table and "NOT a GPU measurement" in table
     import matplotlib  # noqa: F401  (a test dependency: the plot must be drawn, not skipped)
     assert (out / "sparse_attention.png").stat().st_size > 0
@@ -59,18 +79,17 @@ def test_busy_table_from_records():
     from bench import report
 
     def rec(impl, dev, busy):
-        return {"op": "sparse_attention", "geometry": "TP1", "rows": 1, "impl": impl, "device_s": dev,
-                "busy_s": busy}
+        return _result(impl, device_s=dev, busy_s=busy)
 
-    res = {"results": [rec("original", 10e-6, 9e-6), rec("original034", 8e-6, 7.5e-6), rec("pallas", 19e-6, 8.1e-6),
-                       rec("xla", 40e-6, None)]}
+    res = [rec("original", 10e-6, 9e-6), rec("original034", 8e-6, 7.5e-6), rec("pallas", 19e-6, 8.1e-6),
+           rec("xla", 40e-6, None)]
     text = report.busy_table(res)
     row = [line for line in text.splitlines() if line.startswith("| sparse_attention | TP1 | 1 |")]
     assert len(row) == 1
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     # 0.30 graph, 0.30 busy, 0.34 busy, pallas wall, pallas busy, x 0.30, x 0.34, x the faster original
     assert cells[3:11] == ["10.0", "9.0", "7.5", "19.0", "8.1", "0.90", "1.08", "1.08"] and cells[11] == ""
-    assert report.busy_table({"results": [rec("pallas", 1e-6, None)]}) == ""
+    assert report.busy_table([rec("pallas", 1e-6, None)]) == ""
 
 
 def test_bench_index_sets_follow_the_selection_layout():
@@ -193,12 +212,10 @@ def test_summary_marks_host_bound_cells():
     from bench import summarize
 
     def rec(impl, dev, busy=None):
-        return {"op": "sparse_attention", "geometry": "TP1", "rows": 1, "impl": impl, "device_s": dev,
-                "busy_s": busy, "pct_copy_bw": 5.0, "ratio_to_original": dev / 10e-6}
+        return dataclasses.replace(_result(impl, device_s=dev, busy_s=busy),
+                                   rates=Rates(pct_copy_bw=5.0, ratio_to_original=dev / 10e-6))
 
-    res = {"machine": {"card": "card", "date": "d"}, "copy_bandwidth": {"gbps": 4000.0},
-           "settings": {"n_calls": 20},
-           "results": [rec("original", 10e-6, 20e-6), rec("pallas", 19e-6, 8e-6), rec("triton", 11e-6, 10e-6)]}
+    res = _run([rec("original", 10e-6, 20e-6), rec("pallas", 19e-6, 8e-6), rec("triton", 11e-6, 10e-6)])
     table = summarize.summary_table(res)
     row = [line for line in table.splitlines() if line.startswith("| 1 |")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -286,6 +303,7 @@ def test_bench_exit_status_reports_a_failed_case(tmp_path, monkeypatch):
     import jax.numpy as jnp
 
     from bench import run
+    from bench.records import load
     from qsa_jax.ops.sparse_attention import xla as sxla
 
     real = sxla.run
@@ -300,3 +318,109 @@ def test_bench_exit_status_reports_a_failed_case(tmp_path, monkeypatch):
                    "--impl", "xla", "--no-plot", "--no-progress", "--out", str(tmp_path)])
     jax.clear_caches()
     assert rc == 1
+    # The failing case is kept, measured and flagged, in every output.
+    res = load(tmp_path / "results.json")
+    [r] = res.results
+    assert r.failed and not r.check.ok and r.error is None and r.timing.device_s > 0
+    assert res.summary["check_failures"] == 1
+    assert "**FAIL**" in (tmp_path / "results.md").read_text()
+
+
+def test_committed_results_load_and_render_unchanged():
+    """Every committed results.json loads into records that write the same JSON back (nothing
+    left over in ``extra``); the newest grid's markdown renders exactly as committed."""
+    from bench import report
+    from bench.records import _clean, load
+
+    files = sorted(RESULTS.glob("**/results.json"))
+    assert NEWEST_GRID / "results.json" in files
+    for path in files:
+        raw = json.loads(path.read_text())
+        run = load(path)
+        assert json.loads(json.dumps(_clean(run.to_json()))) == raw, path
+        assert not any(r.extra for r in run.results), path
+        assert run.with_summary().summary == raw["summary"], path
+    md = report.markdown(load(NEWEST_GRID / "results.json"))
+    assert md == (NEWEST_GRID / "results.md").read_text()
+
+
+def test_records_round_trip_and_flags(tmp_path):
+    """A record of every part survives to_json -> JSON text -> from_json; unset fields are
+    left out of the JSON; ``failed`` is an error or a failed check."""
+    from bench.records import load, write_json
+
+    sparse = CaseResult(
+        Case("sparse_attention", 64, "pallas", tp="TP4", kv_dtype="fp8", use_prefill_config=True),
+        Workload({"total": 123, "kv": 100}, config=(32, 4, 2, 8), config_fields=("block_n", "num_warps", "a", "b"),
+                 valid_entries_per_call=2049.5),
+        Timing(first_call_s=1.5, eager_s=2e-5, device_s=1e-5, method="m", busy_kernels_us={"k": 3.0}, wall_s=2.0),
+        Check(ok=False, reference="original034", contract="accuracy", rel_err=float("nan"), exact_ratio=1.2),
+        Rates(gbps=12.3, ratio_to_original034=0.9), warnings=("UserWarning: w",))
+    store = CaseResult(Case("store_cache_rows", 3, "xla", ring=8), Workload({"total": 5}),
+                       Timing(device_s=1e-6), Check(ok=False, reference="float64 oracle", exact=(True, False),
+                                                    mismatches={1: 7}, output_rel_err={1: 0.5}),
+                       error="ValueError: boom\n", traceback="tb")
+    clean = _result("xla", device_s=1e-6)
+    flat = sparse.to_json()
+    assert flat["geometry"] == "TP4 fp8" and "ring" not in flat and "busy_s" not in flat
+    assert store.to_json()["geometry"] == "ring8"
+    assert {"exact_0", "exact_1", "mismatches_1", "rel_err_1"} <= set(store.to_json()["check"])
+    assert [r.failed for r in (sparse, store, clean)] == [True, True, False]
+    write_json(_run([sparse, store, clean], wall_s=3.0), tmp_path / "r.json")
+    back = load(tmp_path / "r.json")
+    assert back.results[1:] == (store, clean) and back.wall_s == 3.0
+    assert back.results[0].check.rel_err == "nan"  # JSON has no NaN: written as a string
+    assert dataclasses.replace(back.results[0], check=sparse.check) == sparse
+    assert len(back.failures) == 2
+    with pytest.raises(ValueError, match="geometry"):
+        CaseResult.from_json({**clean.to_json(), "kv_dtype": "fp8"})  # an fp8 case is labelled "TP1 fp8"
+
+
+def test_measure_impls_keeps_a_raising_case():
+    """An implementation that raises gives a result with its error and the numbers taken before;
+    ratios are taken against the original measured first in the same case."""
+    from bench.measure import Context, measure_impls
+
+    ctx = Context(gpu=False, n_calls=2, eager_calls=2, trace_rows=0, shim_graph=False, copy_gbps=10.0, seed=0,
+                  geometries={}, torch_modules={}, say=print)
+    cases = [Case("sparse_attention", 1, impl, tp="TP1", use_prefill_config=False)
+             for impl in ("original", "xla", "pallas")]
+
+    def measure_one(case, draft):
+        draft.timing.update(device_s={"original": 2e-6, "xla": 1e-6, "pallas": 4e-6}[case.impl], eager_s=1e-5)
+        if case.impl == "pallas":
+            raise RuntimeError("kernel failed")
+        return Check(ok=True, reference="itself" if case.impl == "original" else "original")
+
+    orig, xla, pallas = measure_impls(ctx, cases, Workload({"total": 2000}), measure_one)
+    assert orig.rates.ratio_to_original == 1.0 and xla.rates.ratio_to_original == 0.5
+    assert xla.rates.gbps == pytest.approx(2.0) and xla.rates.pct_copy_bw == pytest.approx(20.0)
+    assert not orig.failed and not xla.failed
+    assert pallas.failed and "RuntimeError: kernel failed" in pallas.error and "measure_one" in pallas.traceback
+    assert pallas.timing.device_s == 4e-6 and pallas.timing.wall_s >= 0 and pallas.check is None
+
+
+def test_plan_cases_order_and_fp8_comparator():
+    """Cases come grouped by the inputs they share, the originals first; 0.30.0 (no fp8 path)
+    is left out of fp8 cases; use_prefill_config True is added only where it changes the config."""
+    from bench import inputs, plan, run
+
+    args = run.parse_args(["--tp", "TP1", "--rows", "1,2048", "--kv-dtype", "bf16,fp8", "--op", "sparse,store",
+                           "--indexer-rows", "3", "--ring", "4"])
+    s = plan.Settings.from_args(args, gpu=True)
+    avail = {name: "available" for name in ("original", "original034", "pallas")}
+    status = {op: {**dict.fromkeys(plan.IMPLS, "unavailable: x"), **avail} for op in s.ops}
+    status["store_cache_rows"]["original034"] = "unavailable: same kernels"
+    geos = {"TP1": inputs.geometry("TP1", cpu=True, pool_gb=1)}  # Hk 2: 2048 rows x 2 > 2048
+    got = [(c.kv_dtype, c.rows, c.use_prefill_config, c.impl) for c in plan.cases(s, status, geos)
+           if c.op == "sparse_attention"]
+    bf16 = [("bf16", 1, False), ("bf16", 2048, False), ("bf16", 2048, True)]
+    fp8 = [("fp8", 1, False), ("fp8", 2048, False), ("fp8", 2048, True)]
+    assert got == ([(*k, i) for k in bf16 for i in ("original", "original034", "pallas")]
+                   + [(*k, i) for k in fp8 for i in ("original034", "pallas")])
+    store = [c for c in plan.cases(s, status, geos) if c.op == "store_cache_rows"]
+    assert [(c.ring, c.rows, c.impl) for c in store] == [(4, 3, "original"), (4, 3, "pallas")]
+    with pytest.raises(SystemExit, match="--kv-dtype"):
+        plan.Settings.from_args(run.parse_args(["--kv-dtype", "fp16"]), gpu=True)
+    with pytest.raises(SystemExit, match="--op"):
+        plan.Settings.from_args(run.parse_args(["--op", "gemm"]), gpu=True)
