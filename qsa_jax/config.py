@@ -151,11 +151,26 @@ H200_BF16 = _table("h200-bf16-measured",
                     (2048, (32, 1, 2, 3))],
                    large_decode=(64, 1, 2, 2))
 
+# fp8 caches (e4m3, scales 0.5 / 2.0) on an H200 (2026-12-03), ``python -m bench.hopper_sweep
+# --kv-dtype fp8`` beside vLLM 0.34.0 (the only original with fp8), same eligibility rule
+# against 0.34.0's error (bench/results/nvidia-h200_2026-12-03/session6/fp8_sweep/sweep.md).
+# Entries with four numbers were measured; the others (no stages) are 0.34.0's sm_90 fp8
+# table, launched as with that table (one warp becomes two) until a sweep reaches them.
+# One warp wins from 256 programs: the fp8 kernel is issue-bound there (Nsight Compute,
+# TP1 1024 rows: 42% of DRAM bandwidth, half the issue slots busy) and a second warp
+# repeats part of the tile's work (498M instructions against 0.34.0's 303M at 1 warp).
+# Winner against 0.34.0, TP1 / TP4: 64 programs 1.04-1.09x, 256 1.22-1.36x,
+# 1024-2048 1.28-1.42x, 4096 1.06-1.11x (0.34.0's table launched by this project measured
+# 1.48-1.72x the same day).
+H200_FP8 = _table("h200-fp8-measured",
+                  [(24, (64, 64, 2)), (32, (32, 16, 1)), (64, (32, 8, 2, 2)), (128, (32, 4, 1)),
+                   (256, (32, 4, 1, 2)), (512, (32, 4, 1)), (2048, (32, 2, 1, 2))],
+                  large_decode=(32, 2, 1, 2), large_prefill=(32, 1, 1))
+
 # This project's own tables, measured on a card of the given capability, same form as
-# VLLM_034_TABLES. ``table=None`` (the default) consults them first. fp8 caches were not
-# swept: on Hopper they keep vLLM 0.34.0's sm_90 fp8 table.
+# VLLM_034_TABLES. ``table=None`` (the default) consults them first.
 MEASURED_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {
-    (9, 0): (H200_BF16, SM90_FP8),
+    (9, 0): (H200_BF16, H200_FP8),
 }
 
 TABLE_NAMES = ("vllm-0.30", "vllm-0.34")

@@ -252,14 +252,18 @@ def test_tables_by_capability():
 
 
 def test_measured_hopper_table():
-    """On sm_90 the default is the H200 table measured by bench.hopper_sweep (bf16; fp8 keeps
-    0.34.0's sm_90 table), with its pipelining depth; elsewhere 0.34.0's choice."""
+    """On sm_90 the default is the H200 table measured by bench.hopper_sweep (bf16 and fp8;
+    fp8 buckets the sweep has not reached keep 0.34.0's sm_90 entries), with its pipelining
+    depth; elsewhere 0.34.0's choice."""
     sel = cfgmod.select_config
     assert sel(1, 2, False, 2051, False, (9, 0)) == (32, 4, 65, 65)  # 2 programs: one tile per split
     assert sel(32, 2, False, 2051, False, (9, 0)) == (32, 2, 65, 8)  # 64 programs
     assert cfgmod.table_tiling(64, False, capability=(9, 0)).stages == 3
     assert sel(4096, 2, True, 2051, False, (9, 0)) == (64, 2, 33, 1)  # prefill: the 4096 winner
     assert sel(16, 2, False, 2051, True, (9, 0)) == sel(16, 2, False, 2051, True, (9, 0), table="vllm-0.34")
+    assert sel(512, 2, False, 2051, True, (9, 0)) == (32, 1, 65, 2)  # fp8, 1024 programs: measured
+    assert sel(512, 2, False, 2051, True, (9, 0), table="vllm-0.34") == (32, 1, 65, 4)
+    assert cfgmod.table_tiling(1024, False, is_fp8=True, capability=(9, 0)).stages == 2
     assert cfgmod.table_tiling(64, False, capability=(9, 0), table="vllm-0.34").stages is None
     assert sel(1, 2, False, 2051, False, (12, 0)) == sel(1, 2, False, 2051, False, (12, 0), table="vllm-0.34")
 
