@@ -17,10 +17,9 @@ reduced sizes as a smoke test, see ``bench.inputs.geometry``):
   reference forward, with no custom VJP (what existed before this issue);
 * each ``--variants`` entry ``block_n:num_warps[:splits]``: the backward alone with
   that launch (same gradient up to the atomics' summation order);
-* ``--relaxed-atomics``: the backward alone with its fp32 atomics lowered with relaxed
-  memory order instead of Pallas's fixed acquire-release (an experiment: it patches
-  a private default of JAX's Triton lowering while that step compiles; accumulation
-  needs atomicity only, the kernel boundary orders the readers).
+* ``backward acq_rel atomics`` (skip with ``--no-acq-rel``): the backward alone with its
+  fp32 atomics in Pallas's own acquire-release order, the default before session 6
+  (the default is relaxed order: qsa_jax/ops/_relaxed_atomics.py says why that is sound).
 
 Columns: GPU busy time (sum of kernel durations in a profiler trace, ``bench.
 kernel_trace``; blank on CPU), wall clock per call, XLA's temporary buffer bytes of
@@ -67,26 +66,6 @@ def _measure(fn, args, reps: int) -> dict:
             "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
 
 
-class _relaxed:
-    """Marks a step whose compilation runs with relaxed-order Triton atomics."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-
-def _with_relaxed_atomics(compile_step):
-    from jax._src.pallas.triton import lowering
-    from jax._src.lib.triton import dialect as tt_dialect
-
-    saved = lowering._atomic_rmw.__defaults__
-    mask, _, scope = saved
-    lowering._atomic_rmw.__defaults__ = (mask, tt_dialect.MemSemantic.RELAXED, scope)
-    try:
-        return compile_step()
-    finally:
-        lowering._atomic_rmw.__defaults__ = saved
-
-
 def _variant(text: str) -> dict:
     parts = [int(x) for x in text.split(":")]
     keys = ("block_n", "num_warps", "num_splits")
@@ -100,8 +79,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=REPS)
     ap.add_argument("--pool-gb", type=float, default=1.0)
     ap.add_argument("--variants", default="", help="comma-separated block_n:num_warps[:splits]")
-    ap.add_argument("--relaxed-atomics", action="store_true",
-                    help="also time the backward with relaxed-order atomics (see the docstring)")
+    ap.add_argument("--no-acq-rel", dest="acq_rel", action="store_false",
+                    help="skip the backward with acquire-release atomics (see the docstring)")
     ap.add_argument("--autodiff", action="store_true", help="also time JAX's autodiff of the XLA forward")
     ap.add_argument("--no-xla", dest="xla", action="store_false", help="skip grad xla")
     ap.add_argument("--out", help="folder for backward.json and backward.md")
@@ -154,10 +133,10 @@ def main() -> int:
                 steps.append((f"backward {label}", lambda q, kv, g, att, lse, c, v=v: pallas_backward(
                     problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c, **v),
                     (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)))
-            if a.relaxed_atomics:
-                steps.append(("backward relaxed atomics", _relaxed(lambda q, kv, g, att, lse, c: pallas_backward(
-                    problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c)),
-                    (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)))
+            if a.acq_rel:
+                steps.insert(2, ("backward acq_rel atomics", lambda q, kv, g, att, lse, c: pallas_backward(
+                    problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c,
+                    relaxed_atomics=False), (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)))
             steps.append(("grad pallas", grad_of("pallas"), (inp.q, kv, inp.gate)))
             if a.xla:
                 steps.append(("grad xla", grad_of("xla"), (inp.q, kv, inp.gate)))
@@ -167,10 +146,7 @@ def main() -> int:
             measured = {}
             for name, fn, args in steps:
                 try:
-                    if isinstance(fn, _relaxed):
-                        r = _with_relaxed_atomics(lambda f=fn.fn, x=args: _measure(f, x, a.reps))
-                    else:
-                        r = _measure(fn, args, a.reps)
+                    r = _measure(fn, args, a.reps)
                 except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: report and go on
                     r = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
                 measured[name] = r

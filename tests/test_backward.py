@@ -306,6 +306,6 @@ def test_bench_backward_cpu_smoke(tmp_path, monkeypatch):
                                       "--no-xla", "--out", str(tmp_path)])
     assert bench_backward.main() == 0
     records = json.loads((tmp_path / "backward.json").read_text())["results"]
-    assert [r["step"] for r in records] == ["forward", "backward", "grad pallas"]
+    assert [r["step"] for r in records] == ["forward", "backward", "backward acq_rel atomics", "grad pallas"]
     assert all(r["wall_us"] > 0 and r["busy_us"] is None for r in records)  # no GPU: no trace
     assert "| TP4 | 1 | 1 | backward |" in (tmp_path / "backward.md").read_text()

@@ -4,7 +4,7 @@
 #      exact gradient at the real shapes (TP1/TP4, D = 256, W = 2051, pages 1600/800)
 #   2. the toy training example on the GPU (loss must fall)
 #   3. bench.backward: busy time and memory of forward, backward, jax.grad (pallas, xla,
-#      JAX autodiff of the XLA forward), backward launch variants and relaxed atomics
+#      JAX autodiff of the XLA forward), the backward with acq_rel atomics (the old default) and launch variants
 #      -> $OUT/<card>_<date>/backward/{backward.json,backward.md}
 # Usage (device tool; no carry needed): bash tools/gpu_backward.sh
 # Knobs: QSA_GRAD_ROWS (tests, default 1,64,1024,2048), BWD_ROWS (bench, default
@@ -20,5 +20,5 @@ timeout 60 python3 examples/train_toy.py --steps 300 --implementation pallas > "
 echo "train_toy rc=$?"; tail -n 2 "$OUT/train_toy.log"
 timeout -s TERM "${BENCH_TIMEOUT:-260}" python3 -m bench.backward --tp TP1 \
   --rows "${BWD_ROWS:-64,1024,2048}" --variants "${BWD_VARIANTS:-32:4,16:4,16:8,64:8}" \
-  --relaxed-atomics --autodiff --out "$res" ${BWD_ARGS:-} > "$OUT/bench_backward.log" 2>&1
+  --autodiff --out "$res" ${BWD_ARGS:-} > "$OUT/bench_backward.log" 2>&1
 echo "bench.backward rc=$?"; grep -E "^\| TP" "$OUT/bench_backward.log" | tail -40

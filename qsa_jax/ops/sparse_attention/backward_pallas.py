@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu
+from qsa_jax.ops._relaxed_atomics import relaxed_atomic_add
 from qsa_jax.ops.sparse_attention import backward as B
 from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, head_row_stride
 from qsa_jax.ops.sparse_attention.pallas import _load_rows, selected_cache_rows
@@ -49,6 +50,9 @@ from qsa_jax.ops.sparse_attention.pallas import _load_rows, selected_cache_rows
 # registers and no spills, BN 64 / 8 warps spills again. Tunable per call.
 DEFAULT_BLOCK_N = 32
 DEFAULT_WARPS = 8
+# The dK/dV/dq atomics' memory order (see _add_rows): relaxed, 2.7x faster than Pallas's
+# acquire-release for the whole kernel on an H200 (notes/backward.md, session 5).
+RELAXED_ATOMICS = True
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
@@ -59,17 +63,24 @@ def _dot(a, b, contract):
                            preferred_element_type=jnp.float32)
 
 
-def _add_rows(ref, row_index, cols, values, valid, interpreted: bool):
-    """ref[row_index[i], cols] += values[i] for every i with valid[i] (fp32)."""
+def _add_rows(ref, row_index, col0: int, values, valid, interpreted: bool, relaxed: bool):
+    """ref[row_index[i], col0 : col0 + width] += values[i] for every i with valid[i] (fp32)."""
     if not interpreted:
+        cols = col0 + lax.broadcasted_iota(jnp.int32, (values.shape[1],), 0)
         mask = jnp.broadcast_to(valid[:, None], values.shape)
-        plgpu.atomic_add(ref, (row_index[:, None], cols[None, :]), values, mask=mask)
+        # Relaxed order is enough: these atomics only accumulate (no program reads the
+        # sums or publishes other memory through them), and the results are read by
+        # XLA after the launch has completed. See qsa_jax/ops/_relaxed_atomics.py.
+        add = relaxed_atomic_add if relaxed else plgpu.atomic_add
+        add(ref, (row_index[:, None], cols[None, :]), values, mask=mask)
         return
+
+    span = pl.ds(col0, values.shape[1])
 
     def body(i, carry):
         r = row_index[i]
         value = lax.dynamic_index_in_dim(values, i, keepdims=False)
-        ref[r, :] = ref[r, :] + jnp.where(valid[i], value, 0.0)
+        ref[r, span] = ref[r, span] + jnp.where(valid[i], value, 0.0)
         return carry
 
     lax.fori_loop(0, row_index.shape[0], body, 0)
@@ -78,7 +89,7 @@ def _add_rows(ref, row_index, cols, values, valid, interpreted: bool):
 def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delta_ref, lse_ref,
                      end_ref, _dq_in, _dk_in, _dv_in, dq_ref, dk_ref, dv_ref, *,
                      p: SparseAttentionProblem, block_m: int, block_n: int, num_splits: int,
-                     interpreted: bool):
+                     interpreted: bool, relaxed: bool):
     kv = p.kv
     d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     bn = block_n
@@ -125,15 +136,15 @@ def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delt
         p_kv = jnp.where(real[:, None], probs, 0.0).astype(jnp.bfloat16)
         d_keys = _dot(ds_kv, q, (0, 0)) * scale  # [BN, D]
         d_values = _dot(p_kv, da16, (0, 0))
-        _add_rows(dk_ref, cache_row, dims, d_keys, valid, interpreted)
-        _add_rows(dv_ref, cache_row, dims, d_values, valid, interpreted)
+        _add_rows(dk_ref, cache_row, 0, d_keys, valid, interpreted, relaxed)
+        _add_rows(dv_ref, cache_row, 0, d_values, valid, interpreted, relaxed)
         return dq_acc
 
     dq = lax.fori_loop(0, num_steps, body, jnp.zeros((block_m, d), jnp.float32)) * scale
     if num_splits == 1:
         dq_ref[q_rows, :] = dq  # padded lanes store head G-1's identical value
     else:
-        _add_rows(dq_ref, q_rows, dims, dq, real, interpreted)
+        _add_rows(dq_ref, q_rows, 0, dq, real, interpreted, relaxed)
 
 
 def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
@@ -144,8 +155,11 @@ def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
 
 def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                     token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
-                    num_splits: int | None = None, num_warps: int | None = None):
-    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring."""
+                    num_splits: int | None = None, num_warps: int | None = None,
+                    relaxed_atomics: bool | None = None):
+    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring.
+    ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
+    order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
@@ -171,7 +185,8 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         v_rows = kv_arrays[1].reshape(kv.num_rows, d)
     block_m = max(16, next_pow2(p.group_size))
     kernel = functools.partial(_backward_kernel, p=p, block_m=block_m, block_n=bn,
-                               num_splits=splits, interpreted=interpreted)
+                               num_splits=splits, interpreted=interpreted,
+                               relaxed=RELAXED_ATOMICS if relaxed_atomics is None else relaxed_atomics)
     acc_shapes = (jax.ShapeDtypeStruct((rows * heads, d), jnp.float32),
                   jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32),
                   jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32))
