@@ -1,6 +1,6 @@
 """Compile the gradient's Pallas kernels for sm_90 on a machine without a GPU.
 
-    python tools/sm90_compile_grad.py [--block-n 32] [--warps 8] [--acq-rel-atomics]
+    python tools/sm90_compile_grad.py [--block-n 32] [--warps 8] [--acq-rel-atomics] [--order sorted]
 
 Lowers ``jax.grad`` of ``sparse_attention(implementation="pallas")`` for CUDA (as on
 an H100/H200: JAX's GPU query is patched to sm_90), captures the Triton IR of every
@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=None)
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--acq-rel-atomics", action="store_true")
+    ap.add_argument("--order", default=None, help="backward_pallas.ORDERS (default: DEFAULT_ORDER)")
     a = ap.parse_args()
 
     import numpy as np
@@ -56,6 +57,7 @@ def main() -> int:
     if a.warps:
         backward_pallas.DEFAULT_WARPS = a.warps
     backward_pallas.RELAXED_ATOMICS = not a.acq_rel_atomics
+    backward_pallas.DEFAULT_ORDER = a.order or backward_pallas.DEFAULT_ORDER
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     ptxas, cuobjdump = os.path.join(bin_dir, "ptxas"), os.path.join(bin_dir, "cuobjdump")
     checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]

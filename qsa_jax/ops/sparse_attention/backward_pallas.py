@@ -2,8 +2,10 @@
 
 The gradient contract and the formulas are in ``backward.py``. Layout of the work:
 
-* XLA pre-pass over [R, H, D] only: dA = dO * sigmoid(gate), delta = rowsum(dA * A)
-  and dgate (``backward.gate_pre_pass``).
+* XLA pre-passes: over [R, H, D], dA = dO * sigmoid(gate), delta = rowsum(dA * A)
+  and dgate (``backward.gate_pre_pass``); over [R, W] int32, the cache row of every
+  entry to walk (``entry_lists``: the same validity and consumed-tile rules as the
+  forward, from ``base.entry_rows``; in the order ``ORDERS`` describes).
 * One kernel, one program per (row, KV head, split): like the forward it gathers the
   K/V rows of its tiles straight out of the cache (K and V transposed, [D, BN], by
   address) and rebuilds the probabilities from the stored LSE, p = exp2(s - lse):
@@ -12,8 +14,10 @@ The gradient contract and the formulas are in ``backward.py``. Layout of the wor
   - dq for the program's G query heads accumulates in registers over its tiles;
     with one split it is stored, with several it is added atomically to an fp32
     [R*H, D] buffer.
-  - dK/dV of a tile ([BN, D] each) are added with fp32 atomics into cache-sized fp32
-    accumulators at the tile's cache rows: rows that select the same token and
+  - dK/dV of a tile ([BN, D] each; the G query heads already summed by the dots) are
+    added with fp32 atomics (relaxed order, 4-wide: ``_add_rows``) into one cache-sized
+    fp32 accumulator [N, 2D], dK | dV per cache row, which converts to the fused
+    cache's layout without a reshuffle: rows that select the same token and
     requests that share pages accumulate. Invalid entries (padding, past the count,
     bad request/page) are masked out of the atomics, so unreferenced rows stay
     exactly 0. Atomics make the summation order, hence the last bits of dK/dV (and
@@ -41,8 +45,8 @@ from jax import lax
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu
 from qsa_jax.ops._relaxed_atomics import relaxed_atomic_add
 from qsa_jax.ops.sparse_attention import backward as B
-from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, head_row_stride
-from qsa_jax.ops.sparse_attention.pallas import _load_rows, selected_cache_rows
+from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, entry_rows, head_row_stride
+from qsa_jax.ops.sparse_attention.pallas import _load_rows
 
 # Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile.
 # Compiled for sm_90 on the CPU machine (Triton 3.6, ptxas -v; notes/backward.md) at
@@ -53,6 +57,20 @@ DEFAULT_WARPS = 8
 # The dK/dV/dq atomics' memory order (see _add_rows): relaxed, 2.7x faster than Pallas's
 # acquire-release for the whole kernel on an H200 (notes/backward.md, session 5).
 RELAXED_ATOMICS = True
+# How each row's entries are walked (pallas_backward's ``order``):
+# * "selection": in the selection's column order; splits (only at small row counts, to
+#   fill the GPU) take tiles round-robin. Each entry's dK/dV goes to a random cache
+#   row, so with caches larger than the L2 nearly every fp32 atomic misses it: a DRAM
+#   read and a later write-back of 2 KB per (entry, KV head).
+# * "sorted": each row's valid entries sorted by cache row, and split s of every row
+#   takes the same share [s/S, (s+1)/S) of its sorted list (one 32-entry tile per
+#   program by default). The grid runs split-major, so the programs in flight at a time
+#   all add into the same 1/S of the cache: a row's several referencing rows hit its
+#   accumulator while it is still in the L2. Costs: an XLA sort of [R, W] int32, and
+#   per program a q/dA load and an atomic dq add ([G, D] fp32). An experiment until
+#   measured (notes/backward.md, session 6).
+ORDERS = ("selection", "sorted")
+DEFAULT_ORDER = "selection"
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
@@ -86,10 +104,9 @@ def _add_rows(ref, row_index, col0: int, values, valid, interpreted: bool, relax
     lax.fori_loop(0, row_index.shape[0], body, 0)
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delta_ref, lse_ref,
-                     end_ref, _dq_in, _dk_in, _dv_in, dq_ref, dk_ref, dv_ref, *,
-                     p: SparseAttentionProblem, block_m: int, block_n: int, num_splits: int,
-                     interpreted: bool, relaxed: bool):
+def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, da_ref, delta_ref, lse_ref, end_ref, _dq_in, _dkv_in,
+                     dq_ref, dkv_ref, *, p: SparseAttentionProblem, block_m: int, block_n: int,
+                     num_splits: int, contiguous: bool, interpreted: bool, relaxed: bool):
     kv = p.kv
     d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     bn = block_n
@@ -106,20 +123,25 @@ def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delt
     delta = delta_ref[q_rows]
     lse = lse_ref[q_rows]
 
-    request = req_ref[row]
-    request_ok = (request >= 0) & (request < p.num_requests)
-    safe_request = jnp.clip(request, 0, p.num_requests - 1)
-    end = end_ref[row]  # columns [0, end) are the ones the forward consumed
-    num_steps = (jnp.maximum((end + bn - 1) // bn - split, 0) + num_splits - 1) // num_splits
+    end = end_ref[row]  # entries [0, end) of the row's list are the ones to walk
+    tiles = (end + bn - 1) // bn
+    if contiguous:  # split s: tiles [ceil(s T / S), ceil((s+1) T / S)), the same share of every row
+        first = (split * tiles + num_splits - 1) // num_splits
+        num_steps = ((split + 1) * tiles + num_splits - 1) // num_splits - first
+    else:  # round-robin: split s takes tiles s, s + S, ...
+        first = split
+        num_steps = (jnp.maximum(tiles - split, 0) + num_splits - 1) // num_splits
+    stride = 1 if contiguous else num_splits
     head_offset = head * head_row_stride(kv)
     columns = lax.broadcasted_iota(jnp.int32, (bn,), 0)
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
     scale = d ** -0.5
 
     def body(step, dq_acc):
-        cols = (split + step * num_splits) * bn + columns
-        cache_row, valid = selected_cache_rows(p, idx_ref, bt_ref, row, request_ok, safe_request, cols, end,
-                                               head_offset)
+        cols = (first + step * stride) * bn + columns
+        entry = rows_ref[row, jnp.minimum(cols, p.selection_width - 1)]
+        valid = (cols < end) & (entry >= 0)
+        cache_row = jnp.where(valid, entry + head_offset, 0)  # row 0: a safe address
         # Both gathered [D, BN] by address; zeros (never NaN) where invalid.
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :],
                             not interpreted)
@@ -136,8 +158,9 @@ def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delt
         p_kv = jnp.where(real[:, None], probs, 0.0).astype(jnp.bfloat16)
         d_keys = _dot(ds_kv, q, (0, 0)) * scale  # [BN, D]
         d_values = _dot(p_kv, da16, (0, 0))
-        _add_rows(dk_ref, cache_row, 0, d_keys, valid, interpreted, relaxed)
-        _add_rows(dv_ref, cache_row, 0, d_values, valid, interpreted, relaxed)
+        # One fp32 accumulator row per cache row: dK in columns [0, D), dV in [D, 2D).
+        _add_rows(dkv_ref, cache_row, 0, d_keys, valid, interpreted, relaxed)
+        _add_rows(dkv_ref, cache_row, d, d_values, valid, interpreted, relaxed)
         return dq_acc
 
     dq = lax.fori_loop(0, num_steps, body, jnp.zeros((block_m, d), jnp.float32)) * scale
@@ -153,31 +176,70 @@ def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
     return max(1, min(tiles, -(-TARGET_PROGRAMS // programs)))
 
 
+def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv):
+    """The [N, 2D] fp32 accumulator (dK | dV per cache row) in ``kv_arrays``' layout: for
+    the fused cache a conversion in place of the row order it already has."""
+    if p.kv.fused:
+        return (dkv.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),)
+    d = p.head_dim
+    return B.kv_cotangent(p, kv_arrays, dkv[:, :d], dkv[:, d:])
+
+
+def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_to_req, order: str):
+    """Per row, the head-0 cache rows of the entries the backward walks [R, W] int32 and
+    how many leading ones to walk [R] -- resolved once in XLA (a few MB), not per KV head
+    and split in the kernel.
+
+    "selection": the selection's own column order (-1 where an entry is invalid), up to
+    the end of the tiles the forward consumed. "sorted": only the valid entries, in
+    ascending cache row (see ORDERS).
+    """
+    w = p.selection_width
+    row0, valid = entry_rows(p, logical_indices[:, :w], block_table, token_to_req)
+    valid &= B.used_columns(p, logical_indices, jnp.arange(w, dtype=jnp.int32))
+    if order == "selection":
+        count = jnp.minimum(logical_indices[:, w], w)
+        fwd_bn = p.config.block_n
+        # Columns the forward consumed: whole tiles of its block_n up to the count,
+        # at most num_tiles of them (0 for a count <= 0).
+        end = jnp.minimum(jnp.clip((count + fwd_bn - 1) // fwd_bn, 0, p.config.num_tiles) * fwd_bn, w)
+        return jnp.where(valid, row0, -1).astype(jnp.int32), end.astype(jnp.int32)
+    # Invalid entries sort last (past the end, never walked).
+    entries = jnp.sort(jnp.where(valid, row0, jnp.iinfo(jnp.int32).max).astype(jnp.int32), axis=1)
+    return entries, jnp.sum(valid, axis=1, dtype=jnp.int32)
+
+
 def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                     token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
                     num_splits: int | None = None, num_warps: int | None = None,
-                    relaxed_atomics: bool | None = None):
+                    relaxed_atomics: bool | None = None, order: str | None = None):
     """Cotangents (dq table, dkv_arrays, dgate); see the module docstring.
     ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
-    order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``."""
+    order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
+    ``order``: how each row's entries are walked and split (``ORDERS``); None:
+    ``DEFAULT_ORDER``."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
+    order = order or DEFAULT_ORDER
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
                                                  d_out, jnp.float32, delta_dtype=jnp.bfloat16)
-    zero_kv = jnp.zeros((kv.num_rows, d), jnp.float32)
+    zero_kv = jnp.zeros((kv.num_rows, 2 * d), jnp.float32)
     if rows == 0:
         return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
-                B.kv_cotangent(p, kv_arrays, zero_kv, zero_kv), d_gate)
+                _kv_cotangent(p, kv_arrays, zero_kv), d_gate)
     bn = block_n or DEFAULT_BLOCK_N
-    splits = num_splits or default_splits(p, bn)
+    sorted_order = order == "sorted"
+    if num_splits:
+        splits = num_splits
+    elif sorted_order:  # one tile per program at a full selection (see ORDERS)
+        splits = -(-p.selection_width // bn)
+    else:
+        splits = default_splits(p, bn)
     interpreted = interpret()
-    w = p.selection_width
-    count = jnp.minimum(logical_indices[:, w], w)
-    fwd_bn = p.config.block_n
-    # Columns the forward consumed: whole tiles of its block_n up to the count,
-    # at most num_tiles of them (0 for a count <= 0).
-    end = jnp.minimum(jnp.clip((count + fwd_bn - 1) // fwd_bn, 0, p.config.num_tiles) * fwd_bn, w)
+    entries, end = entry_lists(p, logical_indices, block_table, token_to_req, order)
     if kv.fused:
         k_rows = v_rows = kv_arrays[0].reshape(kv.num_rows, 2 * d)
     else:
@@ -185,25 +247,22 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         v_rows = kv_arrays[1].reshape(kv.num_rows, d)
     block_m = max(16, next_pow2(p.group_size))
     kernel = functools.partial(_backward_kernel, p=p, block_m=block_m, block_n=bn,
-                               num_splits=splits, interpreted=interpreted,
+                               num_splits=splits, contiguous=sorted_order, interpreted=interpreted,
                                relaxed=RELAXED_ATOMICS if relaxed_atomics is None else relaxed_atomics)
     acc_shapes = (jax.ShapeDtypeStruct((rows * heads, d), jnp.float32),
-                  jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32),
-                  jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32))
-    dq, dk, dv = pl.pallas_call(
+                  jax.ShapeDtypeStruct((kv.num_rows, 2 * d), jnp.float32))
+    dq, dkv = pl.pallas_call(
         kernel,
         out_shape=acc_shapes,
         grid=(rows, p.num_kv_heads, splits),
-        in_specs=[pl.no_block_spec] * 13,
-        out_specs=(pl.no_block_spec,) * 3,
+        in_specs=[pl.no_block_spec] * 10,
+        out_specs=(pl.no_block_spec,) * 2,
         # The accumulators start as zeros and are updated in place.
-        input_output_aliases={10: 0, 11: 1, 12: 2},
+        input_output_aliases={8: 0, 9: 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
-    )(q.reshape(-1, d), k_rows, v_rows, logical_indices, block_table, token_to_req,
-      d_attention.reshape(rows * heads, d), delta.reshape(rows * heads),
-      lse.reshape(rows * heads).astype(jnp.float32), end.astype(jnp.int32),
-      jnp.zeros((rows * heads, d), jnp.float32), zero_kv, zero_kv)
-    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), B.kv_cotangent(p, kv_arrays, dk, dv),
-            d_gate)
+    )(q.reshape(-1, d), k_rows, v_rows, entries, d_attention.reshape(rows * heads, d),
+      delta.reshape(rows * heads), lse.reshape(rows * heads).astype(jnp.float32), end,
+      jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
+    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv), d_gate)
