@@ -118,8 +118,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, da_ref, delta_ref, lse_ref, 
     group = jnp.minimum(lanes, g - 1)
     q_rows = row * heads + head * g + group
     q = q_ref[p.queries.row(row, head * g + group), :]  # [M, D] bf16
-    d_attention = da_ref[q_rows, :]  # [M, D] fp32
-    da16 = d_attention.astype(jnp.bfloat16)
+    da16 = da_ref[q_rows, :]  # [M, D] bf16: the dots' operand (delta was formed from it too)
     delta = delta_ref[q_rows]
     lse = lse_ref[q_rows]
 
@@ -262,7 +261,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
-    )(q.reshape(-1, d), k_rows, v_rows, entries, d_attention.reshape(rows * heads, d),
+    )(q.reshape(-1, d), k_rows, v_rows, entries, d_attention.reshape(rows * heads, d).astype(jnp.bfloat16),
       delta.reshape(rows * heads), lse.reshape(rows * heads).astype(jnp.float32), end,
       jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
     return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv), d_gate)
