@@ -15,9 +15,10 @@ The gradient contract and the formulas are in ``backward.py``. Layout of the wor
     with one split it is stored, with several it is added atomically to an fp32
     [R*H, D] buffer.
   - dK/dV of a tile ([BN, D] each; the G query heads already summed by the dots) are
-    added with fp32 atomics (relaxed order, 4-wide: ``_add_rows``) into one cache-sized
-    fp32 accumulator [N, 2D], dK | dV per cache row, which converts to the fused
-    cache's layout without a reshuffle: rows that select the same token and
+    added with fp32 atomics (relaxed order, 4-wide: ``_add_rows``) into one fp32
+    accumulator [rows, 2D], dK | dV per cache row, over the whole cache or only the pages
+    the block table names (``named_pages``); it converts to the fused cache's layout
+    without a reshuffle: rows that select the same token and
     requests that share pages accumulate. Invalid entries (padding, past the count,
     bad request/page) are masked out of the atomics, so unreferenced rows stay
     exactly 0. Atomics make the summation order, hence the last bits of dK/dV (and
@@ -104,9 +105,10 @@ def _add_rows(ref, row_index, col0: int, values, valid, interpreted: bool, relax
     lax.fori_loop(0, row_index.shape[0], body, 0)
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, da_ref, delta_ref, lse_ref, end_ref, _dq_in, _dkv_in,
-                     dq_ref, dkv_ref, *, p: SparseAttentionProblem, block_m: int, block_n: int,
-                     num_splits: int, contiguous: bool, interpreted: bool, relaxed: bool):
+def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_ref, lse_ref, end_ref,
+                     _dq_in, _dkv_in, dq_ref, dkv_ref, *, p: SparseAttentionProblem, block_m: int,
+                     block_n: int, num_splits: int, contiguous: bool, compact: bool, interpreted: bool,
+                     relaxed: bool):
     kv = p.kv
     d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     bn = block_n
@@ -141,6 +143,11 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, da_ref, delta_ref, lse_ref, 
         entry = rows_ref[row, jnp.minimum(cols, p.selection_width - 1)]
         valid = (cols < end) & (entry >= 0)
         cache_row = jnp.where(valid, entry + head_offset, 0)  # row 0: a safe address
+        if compact:  # the accumulator holds the named pages only (named_pages)
+            acc_entry = acc_rows_ref[row, jnp.minimum(cols, p.selection_width - 1)]
+            acc_row = jnp.where(valid, acc_entry + head_offset, 0)
+        else:
+            acc_row = cache_row
         # Both gathered [D, BN] by address; zeros (never NaN) where invalid.
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :],
                             not interpreted)
@@ -158,8 +165,8 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, da_ref, delta_ref, lse_ref, 
         d_keys = _dot(ds_kv, q, (0, 0)) * scale  # [BN, D]
         d_values = _dot(p_kv, da16, (0, 0))
         # One fp32 accumulator row per cache row: dK in columns [0, D), dV in [D, 2D).
-        _add_rows(dkv_ref, cache_row, 0, d_keys, valid, interpreted, relaxed)
-        _add_rows(dkv_ref, cache_row, d, d_values, valid, interpreted, relaxed)
+        _add_rows(dkv_ref, acc_row, 0, d_keys, valid, interpreted, relaxed)
+        _add_rows(dkv_ref, acc_row, d, d_values, valid, interpreted, relaxed)
         return dq_acc
 
     dq = lax.fori_loop(0, num_steps, body, jnp.zeros((block_m, d), jnp.float32)) * scale
@@ -175,37 +182,81 @@ def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
     return max(1, min(tiles, -(-TARGET_PROGRAMS // programs)))
 
 
-def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv):
-    """The [N, 2D] fp32 accumulator (dK | dV per cache row) in ``kv_arrays``' layout: for
-    the fused cache a conversion in place of the row order it already has."""
-    if p.kv.fused:
-        return (dkv.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),)
-    d = p.head_dim
-    return B.kv_cotangent(p, kv_arrays, dkv[:, :d], dkv[:, d:])
+def named_pages(p: SparseAttentionProblem, block_table):
+    """The accumulator's pages when it can be smaller than the cache, else None.
+
+    Only pages that the block table names can receive a gradient. When the table has
+    fewer entries than the cache has pages (static: NR x BTW < NB, e.g. one long
+    sequence in a large pool), the fp32 accumulator holds just those: (pages [K] int32,
+    the named physical pages ascending, padded with NB; slot [NB] int32, each page's
+    place in ``pages`` or -1), K = NR x BTW. Its zero fill and conversion then cost K
+    pages instead of NB; the gradient of every other page is a plain bf16 zero.
+    """
+    kv = p.kv
+    bound = p.num_requests * p.table_width
+    if bound >= kv.num_pages:
+        return None
+    named = block_table.reshape(-1)
+    named = jnp.where((named >= 0) & (named < kv.num_pages), named, kv.num_pages)
+    pages = jnp.unique(named, size=bound, fill_value=kv.num_pages).astype(jnp.int32)
+    slot = jnp.full((kv.num_pages,), -1, jnp.int32).at[pages].set(
+        jnp.arange(bound, dtype=jnp.int32), mode="drop")  # the NB padding is dropped
+    return pages, slot
 
 
-def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_to_req, order: str):
-    """Per row, the head-0 cache rows of the entries the backward walks [R, W] int32 and
-    how many leading ones to walk [R] -- resolved once in XLA (a few MB), not per KV head
-    and split in the kernel.
+def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv, compaction):
+    """The fp32 accumulator (dK | dV per row, ``compaction``'s pages or the whole cache)
+    in ``kv_arrays``' layout: for the fused cache a conversion in place of the row order
+    it already has (and a scatter of whole pages when compacted)."""
+    kv, d = p.kv, p.head_dim
+    if compaction is None:
+        if kv.fused:
+            return (dkv.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),)
+        return B.kv_cotangent(p, kv_arrays, dkv[:, :d], dkv[:, d:])
+    pages = compaction[0]
+    per_page = dkv.reshape((pages.shape[0],) + kv_arrays[0].shape[1:-1] + (2 * d,))
+    halves = (per_page,) if kv.fused else (per_page[..., :d], per_page[..., d:])
+    # Padding pages (index NB) fall outside the cache and are dropped.
+    return tuple(jnp.zeros(a.shape, a.dtype).at[pages].set(h.astype(a.dtype), mode="drop")
+                 for a, h in zip(kv_arrays, halves))
+
+
+def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_to_req, order: str,
+                compaction=None):
+    """Per row, the head-0 cache rows of the entries the backward walks [R, W] int32, their
+    rows in the accumulator (the same array without ``compaction``) and how many leading
+    ones to walk [R] -- resolved once in XLA (a few MB), not per KV head and split in the
+    kernel.
 
     "selection": the selection's own column order (-1 where an entry is invalid), up to
     the end of the tiles the forward consumed. "sorted": only the valid entries, in
     ascending cache row (see ORDERS).
     """
-    w = p.selection_width
+    kv, w = p.kv, p.selection_width
     row0, valid = entry_rows(p, logical_indices[:, :w], block_table, token_to_req)
     valid &= B.used_columns(p, logical_indices, jnp.arange(w, dtype=jnp.int32))
+    if compaction is None:
+        acc0 = row0
+    else:  # the same (token, head 0) offset inside the page, in the page's accumulator slot
+        page, offset = row0 // (kv.num_kv_heads * kv.page_size), row0 % (kv.num_kv_heads * kv.page_size)
+        acc0 = compaction[1][page] * (kv.num_kv_heads * kv.page_size) + offset
     if order == "selection":
         count = jnp.minimum(logical_indices[:, w], w)
         fwd_bn = p.config.block_n
         # Columns the forward consumed: whole tiles of its block_n up to the count,
         # at most num_tiles of them (0 for a count <= 0).
         end = jnp.minimum(jnp.clip((count + fwd_bn - 1) // fwd_bn, 0, p.config.num_tiles) * fwd_bn, w)
-        return jnp.where(valid, row0, -1).astype(jnp.int32), end.astype(jnp.int32)
+        entries = jnp.where(valid, row0, -1).astype(jnp.int32)
+        acc = entries if compaction is None else jnp.where(valid, acc0, -1).astype(jnp.int32)
+        return entries, acc, end.astype(jnp.int32)
     # Invalid entries sort last (past the end, never walked).
-    entries = jnp.sort(jnp.where(valid, row0, jnp.iinfo(jnp.int32).max).astype(jnp.int32), axis=1)
-    return entries, jnp.sum(valid, axis=1, dtype=jnp.int32)
+    key = jnp.where(valid, row0, jnp.iinfo(jnp.int32).max).astype(jnp.int32)
+    if compaction is None:
+        entries = jnp.sort(key, axis=1)
+        acc = entries
+    else:
+        entries, acc = lax.sort((key, acc0.astype(jnp.int32)), dimension=1, num_keys=1)
+    return entries, acc, jnp.sum(valid, axis=1, dtype=jnp.int32)
 
 
 def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
@@ -225,10 +276,12 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
                                                  d_out, jnp.float32, delta_dtype=jnp.bfloat16)
-    zero_kv = jnp.zeros((kv.num_rows, 2 * d), jnp.float32)
+    compaction = named_pages(p, block_table)
+    acc_rows = kv.num_rows if compaction is None else compaction[0].shape[0] * (kv.num_rows // kv.num_pages)
+    zero_kv = jnp.zeros((acc_rows, 2 * d), jnp.float32)
     if rows == 0:
         return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
-                _kv_cotangent(p, kv_arrays, zero_kv), d_gate)
+                _kv_cotangent(p, kv_arrays, zero_kv, compaction), d_gate)
     bn = block_n or DEFAULT_BLOCK_N
     sorted_order = order == "sorted"
     if num_splits:
@@ -238,7 +291,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     else:
         splits = default_splits(p, bn)
     interpreted = interpret()
-    entries, end = entry_lists(p, logical_indices, block_table, token_to_req, order)
+    entries, acc, end = entry_lists(p, logical_indices, block_table, token_to_req, order, compaction)
     if kv.fused:
         k_rows = v_rows = kv_arrays[0].reshape(kv.num_rows, 2 * d)
     else:
@@ -246,22 +299,24 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         v_rows = kv_arrays[1].reshape(kv.num_rows, d)
     block_m = max(16, next_pow2(p.group_size))
     kernel = functools.partial(_backward_kernel, p=p, block_m=block_m, block_n=bn,
-                               num_splits=splits, contiguous=sorted_order, interpreted=interpreted,
+                               num_splits=splits, contiguous=sorted_order, compact=compaction is not None,
+                               interpreted=interpreted,
                                relaxed=RELAXED_ATOMICS if relaxed_atomics is None else relaxed_atomics)
     acc_shapes = (jax.ShapeDtypeStruct((rows * heads, d), jnp.float32),
-                  jax.ShapeDtypeStruct((kv.num_rows, 2 * d), jnp.float32))
+                  jax.ShapeDtypeStruct((acc_rows, 2 * d), jnp.float32))
     dq, dkv = pl.pallas_call(
         kernel,
         out_shape=acc_shapes,
         grid=(rows, p.num_kv_heads, splits),
-        in_specs=[pl.no_block_spec] * 10,
+        in_specs=[pl.no_block_spec] * 11,
         out_specs=(pl.no_block_spec,) * 2,
         # The accumulators start as zeros and are updated in place.
-        input_output_aliases={8: 0, 9: 1},
+        input_output_aliases={9: 0, 10: 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
-    )(q.reshape(-1, d), k_rows, v_rows, entries, d_attention.reshape(rows * heads, d).astype(jnp.bfloat16),
+    )(q.reshape(-1, d), k_rows, v_rows, entries, acc, d_attention.reshape(rows * heads, d).astype(jnp.bfloat16),
       delta.reshape(rows * heads), lse.reshape(rows * heads).astype(jnp.float32), end,
       jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
-    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv), d_gate)
+    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv, compaction),
+            d_gate)
