@@ -52,7 +52,8 @@ from qsa_jax.ops.sparse_attention.pallas import _load_rows
 # Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile.
 # Compiled for sm_90 on the CPU machine (Triton 3.6, ptxas -v; notes/backward.md) at
 # D = 256, G = 12: BN 32 / 4 warps uses 255 registers and spills, BN 32 / 8 warps 184
-# registers and no spills, BN 64 / 8 warps spills again. Tunable per call.
+# registers and no spills (173-180 since the entries are resolved in XLA), BN 64 / 8
+# warps spills again. Tunable per call.
 DEFAULT_BLOCK_N = 32
 DEFAULT_WARPS = 8
 # The dK/dV/dq atomics' memory order (see _add_rows): relaxed, 2.7x faster than Pallas's
