@@ -1,8 +1,9 @@
 """Speed and memory of the sparse-attention gradients (issue 16).
 
-    python -m bench.backward [--tp TP1] [--rows 1024,2048] [--out DIR] [--variants 32:4,16:4]
+    python -m bench.backward [--tp TP1] [--rows 1024,2048] [--requests 0,1] [--out DIR]
+                             [--variants sorted,sorted:32:8:17,16:4]
 
-Per (geometry, rows), on one set of fresh inputs at the real shapes (GPU; CPU runs
+Per (geometry, rows, requests), on one set of fresh inputs at the real shapes (GPU; CPU runs
 reduced sizes as a smoke test, see ``bench.inputs.geometry``):
 
 * ``forward``: the Pallas forward alone (what inference runs);
@@ -15,12 +16,16 @@ reduced sizes as a smoke test, see ``bench.inputs.geometry``):
   and the XLA backward of backward.py);
 * ``grad xla autodiff`` (``--autodiff``): JAX's own reverse mode through the XLA
   reference forward, with no custom VJP (what existed before this issue);
-* each ``--variants`` entry ``block_n:num_warps[:splits]``: the backward alone with
-  that launch (same gradient up to the atomics' summation order);
-* ``--relaxed-atomics``: the backward alone with its fp32 atomics lowered with relaxed
-  memory order instead of Pallas's fixed acquire-release (an experiment: it patches
-  a private default of JAX's Triton lowering while that step compiles; accumulation
-  needs atomicity only, the kernel boundary orders the readers).
+* each ``--variants`` entry ``[order:]block_n:num_warps[:splits]`` or just an order
+  (``backward_pallas.ORDERS``, e.g. ``sorted``): the backward alone with that walk and
+  launch (same gradient up to the atomics' summation order);
+* ``backward acq_rel atomics`` (skip with ``--no-acq-rel``): the backward alone with its
+  fp32 atomics in Pallas's own acquire-release order, the default before session 6
+  (the default is relaxed order: qsa_jax/ops/_relaxed_atomics.py says why that is sound).
+
+Every backward step after the first also reports ``vs backward``: the largest relative
+Frobenius difference of its dq / dK|dV / dgate from the default backward's (summation
+order only: ~1e-3 at most is bf16 rounding flips, more is a bug).
 
 Columns: GPU busy time (sum of kernel durations in a profiler trace, ``bench.
 kernel_trace``; blank on CPU), wall clock per call, XLA's temporary buffer bytes of
@@ -46,7 +51,8 @@ import jax.numpy as jnp
 REPS = 5
 
 
-def _measure(fn, args, reps: int) -> dict:
+def _measure(fn, args, reps: int) -> tuple[dict, object]:
+    """(timing and memory record, the step's output)."""
     from bench import kernel_trace
 
     compiled = jax.jit(fn).lower(*args).compile()
@@ -64,33 +70,26 @@ def _measure(fn, args, reps: int) -> dict:
             "busy_us": trace.busy_us_per_call if trace else None,
             "kernels": trace.describe(4) if trace else "",
             "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
-            "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
-
-
-class _relaxed:
-    """Marks a step whose compilation runs with relaxed-order Triton atomics."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-
-def _with_relaxed_atomics(compile_step):
-    from jax._src.pallas.triton import lowering
-    from jax._src.lib.triton import dialect as tt_dialect
-
-    saved = lowering._atomic_rmw.__defaults__
-    mask, _, scope = saved
-    lowering._atomic_rmw.__defaults__ = (mask, tt_dialect.MemSemantic.RELAXED, scope)
-    try:
-        return compile_step()
-    finally:
-        lowering._atomic_rmw.__defaults__ = saved
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use")}, out
 
 
 def _variant(text: str) -> dict:
-    parts = [int(x) for x in text.split(":")]
-    keys = ("block_n", "num_warps", "num_splits")
-    return dict(zip(keys, parts))
+    """``[order:]block_n:num_warps[:splits]`` or just an order (backward_pallas.ORDERS)."""
+    fields = text.split(":")
+    kw = {"order": fields.pop(0)} if fields and not fields[0].isdigit() else {}
+    kw.update(zip(("block_n", "num_warps", "num_splits"), (int(x) for x in fields)))
+    return kw
+
+
+@jax.jit
+def _relative_difference(x, ref):
+    """Largest over the arrays of ||x - ref|| / ||ref|| in fp32 (0 for an all-zero ref)."""
+    worst = jnp.float32(0)
+    for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(ref)):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        norm = jnp.linalg.norm(b)
+        worst = jnp.maximum(worst, jnp.where(norm > 0, jnp.linalg.norm(a - b) / norm, 0.0))
+    return worst
 
 
 def main() -> int:
@@ -99,9 +98,13 @@ def main() -> int:
     ap.add_argument("--rows", default=None, help="default: 64,1024,2048 on GPU, 4,16 on CPU")
     ap.add_argument("--reps", type=int, default=REPS)
     ap.add_argument("--pool-gb", type=float, default=1.0)
-    ap.add_argument("--variants", default="", help="comma-separated block_n:num_warps[:splits]")
-    ap.add_argument("--relaxed-atomics", action="store_true",
-                    help="also time the backward with relaxed-order atomics (see the docstring)")
+    ap.add_argument("--requests", default="0",
+                    help="comma-separated: requests the rows are dealt to (0: one per row, pages shared "
+                         "at random across requests when the pool is smaller than all contexts; 1: one "
+                         "long sequence, as in training)")
+    ap.add_argument("--variants", default="", help="comma-separated [order:]block_n:num_warps[:splits] or order")
+    ap.add_argument("--no-acq-rel", dest="acq_rel", action="store_false",
+                    help="skip the backward with acquire-release atomics (see the docstring)")
     ap.add_argument("--autodiff", action="store_true", help="also time JAX's autodiff of the XLA forward")
     ap.add_argument("--no-xla", dest="xla", action="store_false", help="skip grad xla")
     ap.add_argument("--out", help="folder for backward.json and backward.md")
@@ -119,13 +122,14 @@ def main() -> int:
     rows_list = [int(r) for r in (a.rows or ("64,1024,2048" if gpu else "4,16")).split(",")]
     variants = [(v, _variant(v)) for v in a.variants.split(",") if v]
     results, lines = [], [
-        "| geometry | rows | programs | step | busy µs | wall µs | x forward (busy) | temp MB | "
-        "peak MB | top kernels (mean µs) |", "|" + "---|" * 10]
+        "| geometry | rows | programs | step | busy µs | wall µs | x forward (busy) | vs backward | "
+        "temp MB | peak MB | top kernels (mean µs) |", "|" + "---|" * 11]
     for tp in a.tp.split(","):
         geo = inputs.geometry(tp, cpu=not gpu, pool_gb=a.pool_gb)
         _, kv = inputs.make_pool(geo, gpu=False, seed=3)
-        for rows in rows_list:
-            inp = inputs.sparse_inputs(geo, rows, 1, seed=rows)
+        for rows, requests in [(r, int(n)) for r in rows_list for n in a.requests.split(",")]:
+            inp = inputs.sparse_inputs(geo, rows, 1, seed=rows, num_requests=requests or None)
+            label = tp if not requests else f"{tp} {requests} req"
             li = inp.idx[0]
             base = (inp.q, kv, li, inp.block_table, inp.token_to_req, inp.gate)
             problem, _ = _plan(*base, use_prefill_config=False, config=None, implementation="pallas")
@@ -144,33 +148,34 @@ def main() -> int:
 
             residuals = jax.jit(lambda *x: B.forward_with_residuals(problem, "pallas", *x))(
                 inp.q, (kv,), li, inp.block_table, inp.token_to_req, inp.gate)
+
+            def backward(name, **kw):
+                def step(q, kv, g, att, lse, c):
+                    return pallas_backward(problem, q, (kv,), li, inp.block_table, inp.token_to_req,
+                                           g, att, lse, c, **kw)
+                return name, step, (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)
             steps = [("forward", lambda q, kv, g: qsa_jax.sparse_attention(
                         q, kv, li, inp.block_table, inp.token_to_req, g, implementation="pallas"),
                       (inp.q, kv, inp.gate)),
-                     ("backward", lambda q, kv, g, att, lse, c: pallas_backward(
-                        problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c),
-                      (inp.q, kv, inp.gate, residuals[1], residuals[2], ct))]
-            for label, v in variants:
-                steps.append((f"backward {label}", lambda q, kv, g, att, lse, c, v=v: pallas_backward(
-                    problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c, **v),
-                    (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)))
-            if a.relaxed_atomics:
-                steps.append(("backward relaxed atomics", _relaxed(lambda q, kv, g, att, lse, c: pallas_backward(
-                    problem, q, (kv,), li, inp.block_table, inp.token_to_req, g, att, lse, c)),
-                    (inp.q, kv, inp.gate, residuals[1], residuals[2], ct)))
+                     backward("backward")]
+            if a.acq_rel:
+                steps.append(backward("backward acq_rel atomics", relaxed_atomics=False))
+            steps += [backward(f"backward {label}", **v) for label, v in variants]
             steps.append(("grad pallas", grad_of("pallas"), (inp.q, kv, inp.gate)))
             if a.xla:
                 steps.append(("grad xla", grad_of("xla"), (inp.q, kv, inp.gate)))
             if a.autodiff:
                 steps.append(("grad xla autodiff", jax.grad(autodiff_loss, argnums=(0, 1, 2)),
                               (inp.q, kv, inp.gate)))
-            measured = {}
+            measured, reference = {}, None
             for name, fn, args in steps:
                 try:
-                    if isinstance(fn, _relaxed):
-                        r = _with_relaxed_atomics(lambda f=fn.fn, x=args: _measure(f, x, a.reps))
-                    else:
-                        r = _measure(fn, args, a.reps)
+                    r, out = _measure(fn, args, a.reps)
+                    if name == "backward":
+                        reference = out
+                    elif name.startswith("backward ") and reference is not None:
+                        r["vs_backward"] = float(_relative_difference(out, reference))
+                    del out
                 except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: report and go on
                     r = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
                 measured[name] = r
@@ -180,11 +185,12 @@ def main() -> int:
                 mb = lambda b: "" if b is None else f"{b / 2**20:.0f}"  # noqa: E731
                 busy = "" if r.get("busy_us") is None else f"{r['busy_us']:.1f}"
                 wall = "" if r.get("wall_us") is None else f"{r['wall_us']:.1f}"
-                lines.append(f"| {tp} | {rows} | {rows * geo.num_kv_heads} | {name} | {busy} | {wall} | "
-                             f"{ratio} | {mb(r.get('temp_bytes'))} | {mb(r.get('peak_bytes_in_use'))} | "
+                diff = f"{r['vs_backward']:.1e}" if "vs_backward" in r else ""
+                lines.append(f"| {label} | {rows} | {rows * geo.num_kv_heads} | {name} | {busy} | {wall} | "
+                             f"{ratio} | {diff} | {mb(r.get('temp_bytes'))} | {mb(r.get('peak_bytes_in_use'))} | "
                              f"{r.get('kernels') or r.get('error', '')} |")
                 print(lines[-1], flush=True)
-                results.append({"geometry": tp, "rows": rows, "step": name, **r,
+                results.append({"geometry": tp, "rows": rows, "requests": requests or rows, "step": name, **r,
                                 "config": list(problem.config)})
                 _write(a, gpu, lines, results)  # after every step: a time limit keeps what is done
     print(_write(a, gpu, lines, results))

@@ -143,12 +143,16 @@ class SparseInputs:
     valid_entries: list  # per set: number of valid (consumed) entries over all rows
 
 
-def sparse_inputs(geo: BenchGeometry, rows: int, n: int, seed: int) -> SparseInputs:
+def sparse_inputs(geo: BenchGeometry, rows: int, n: int, seed: int,
+                  num_requests: int | None = None) -> SparseInputs:
+    """``num_requests``: requests the rows are dealt to (default: one per row; set 0 of
+    the selections only -- ``index_sets`` draws positions without requests)."""
     rng = np.random.default_rng(seed)
     case = C.sparse_attention_case(
         rng, rows=rows, num_query_heads=geo.num_query_heads, num_kv_heads=geo.num_kv_heads,
         head_dim=geo.head_dim, page_size=geo.page_size, selection_blocks=geo.selection_blocks,
-        context_tokens=geo.context_tokens, num_pages=geo.pool_pages, make_cache=False)
+        context_tokens=geo.context_tokens, num_pages=geo.pool_pages, make_cache=False,
+        num_requests=num_requests)
     w = geo.selection_width
     idx = [jnp.asarray(case.logical_indices)]
     if n > 1:

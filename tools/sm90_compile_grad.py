@@ -1,19 +1,22 @@
 """Compile the gradient's Pallas kernels for sm_90 on a machine without a GPU.
 
-    python tools/sm90_compile_grad.py [--block-n 32] [--warps 8] [--relaxed-atomics]
+    python tools/sm90_compile_grad.py [--block-n 32] [--warps 8] [--acq-rel-atomics] [--order sorted]
 
 Lowers ``jax.grad`` of ``sparse_attention(implementation="pallas")`` for CUDA (as on
 an H100/H200: JAX's GPU query is patched to sm_90), captures the Triton IR of every
 kernel (the residual forward, the merge, the backward), compiles it with the venv's
 Triton for ``GPUTarget("cuda", 90, 32)`` and runs the bundled ``ptxas -v``: registers,
-spills, shared memory and the atomic instructions of each kernel (notes/backward.md).
+spills, shared memory and the atomic instructions of each kernel: their PTX forms with
+the number of PTX instructions, and the SASS forms (``cuobjdump -sass``: RED = an atomic
+whose old value is not returned; MEMBAR/FENCE = the fences around
+them) -- notes/backward.md. ``--acq-rel-atomics`` compiles the
+backward with Pallas's own acquire-release atomics (``backward_pallas.RELAXED_ATOMICS``).
 Shapes: D = 256 with TP1 and TP4 head groups, a split-K and a one-split row count.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 import subprocess
@@ -31,7 +34,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--block-n", type=int, default=None)
     ap.add_argument("--warps", type=int, default=None)
-    ap.add_argument("--relaxed-atomics", action="store_true")
+    ap.add_argument("--acq-rel-atomics", action="store_true")
+    ap.add_argument("--order", default=None, help="backward_pallas.ORDERS (default: DEFAULT_ORDER)")
     a = ap.parse_args()
 
     import numpy as np
@@ -41,7 +45,6 @@ def main() -> int:
 
     import qsa_jax
     import qsa_jax.config as config
-    from bench.backward import _with_relaxed_atomics
     from sm90_ptx_fp8 import captured_triton_ir  # this script's folder is on sys.path
     from qsa_jax.ops.sparse_attention import backward_pallas, pallas
     from qsa_testing import cases as C
@@ -53,10 +56,13 @@ def main() -> int:
         backward_pallas.DEFAULT_BLOCK_N = a.block_n
     if a.warps:
         backward_pallas.DEFAULT_WARPS = a.warps
-    ptxas = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))[0]
+    backward_pallas.RELAXED_ATOMICS = not a.acq_rel_atomics
+    backward_pallas.DEFAULT_ORDER = a.order or backward_pallas.DEFAULT_ORDER
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ptxas, cuobjdump = os.path.join(bin_dir, "ptxas"), os.path.join(bin_dir, "cuobjdump")
     checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-    print("| rows | H | Hk | kernel | warps | registers | spill stores B | shared B | atomics |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| rows | H | Hk | kernel | warps | registers | spill stores B | shared B | PTX atomics (count) | SASS |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with captured_triton_ir() as captured:
         for rows, heads, hk in ((2, 24, 2), (1100, 24, 2), (4, 6, 1), (1100, 6, 1)):
             captured.clear()
@@ -76,7 +82,7 @@ def main() -> int:
                 return jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["cuda"],
                                          disabled_checks=checks)(q, kv, q).mlir_module()
 
-            module = _with_relaxed_atomics(export) if a.relaxed_atomics else export()
+            module = export()
             warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)', module))
             with tempfile.TemporaryDirectory() as tmp:
                 for ttir in captured:
@@ -93,9 +99,14 @@ def main() -> int:
                                           capture_output=True, text=True).stderr
                     regs = re.search(r"Used (\d+) registers", info).group(1)
                     spills = re.search(r"(\d+) bytes spill stores", info).group(1)
-                    atomics = sorted(set(re.findall(r"atom\.global\.[\w.]+", ptx)))
+                    ptx_atomics = re.findall(r"(?:atom|red)\.global\.[\w.]+", ptx)
+                    forms = ", ".join(f"{f} x{ptx_atomics.count(f)}" for f in sorted(set(ptx_atomics)))
+                    sass = subprocess.run([cuobjdump, "-sass", path + ".cubin"], capture_output=True,
+                                          text=True).stdout
+                    sass_atomics = re.findall(r"\b((?:REDG?|ATOMG?|MEMBAR|FENCE)\.[\w.]+)", sass)
+                    sass_forms = ", ".join(f"{f} x{sass_atomics.count(f)}" for f in sorted(set(sass_atomics)))
                     print(f"| {rows} | {heads} | {hk} | {name} | {warps[name]} | {regs} | {spills} | "
-                          f"{kernel.metadata.shared} | {', '.join(atomics)} |")
+                          f"{kernel.metadata.shared} | {forms} | {sass_forms} |")
     return 0
 
 

@@ -2,8 +2,10 @@
 
 The gradient contract and the formulas are in ``backward.py``. Layout of the work:
 
-* XLA pre-pass over [R, H, D] only: dA = dO * sigmoid(gate), delta = rowsum(dA * A)
-  and dgate (``backward.gate_pre_pass``).
+* XLA pre-passes: over [R, H, D], dA = dO * sigmoid(gate), delta = rowsum(dA * A)
+  and dgate (``backward.gate_pre_pass``); over [R, W] int32, the cache row of every
+  entry to walk (``entry_lists``: the same validity and consumed-tile rules as the
+  forward, from ``base.entry_rows``; in the order ``ORDERS`` describes).
 * One kernel, one program per (row, KV head, split): like the forward it gathers the
   K/V rows of its tiles straight out of the cache (K and V transposed, [D, BN], by
   address) and rebuilds the probabilities from the stored LSE, p = exp2(s - lse):
@@ -12,8 +14,11 @@ The gradient contract and the formulas are in ``backward.py``. Layout of the wor
   - dq for the program's G query heads accumulates in registers over its tiles;
     with one split it is stored, with several it is added atomically to an fp32
     [R*H, D] buffer.
-  - dK/dV of a tile ([BN, D] each) are added with fp32 atomics into cache-sized fp32
-    accumulators at the tile's cache rows: rows that select the same token and
+  - dK/dV of a tile ([BN, D] each; the G query heads already summed by the dots) are
+    added with fp32 atomics (relaxed order, 4-wide: ``_add_rows``) into one fp32
+    accumulator [rows, 2D], dK | dV per cache row, over the whole cache or only the pages
+    the block table names (``named_pages``); it converts to the fused cache's layout
+    without a reshuffle: rows that select the same token and
     requests that share pages accumulate. Invalid entries (padding, past the count,
     bad request/page) are masked out of the atomics, so unreferenced rows stay
     exactly 0. Atomics make the summation order, hence the last bits of dK/dV (and
@@ -39,16 +44,35 @@ import jax.numpy as jnp
 from jax import lax
 
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu
+from qsa_jax.ops._relaxed_atomics import relaxed_atomic_add
 from qsa_jax.ops.sparse_attention import backward as B
-from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, head_row_stride
-from qsa_jax.ops.sparse_attention.pallas import _load_rows, selected_cache_rows
+from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, entry_rows, head_row_stride
+from qsa_jax.ops.sparse_attention.pallas import _load_rows
 
 # Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile.
 # Compiled for sm_90 on the CPU machine (Triton 3.6, ptxas -v; notes/backward.md) at
 # D = 256, G = 12: BN 32 / 4 warps uses 255 registers and spills, BN 32 / 8 warps 184
-# registers and no spills, BN 64 / 8 warps spills again. Tunable per call.
+# registers and no spills (173-180 since the entries are resolved in XLA), BN 64 / 8
+# warps spills again. Tunable per call.
 DEFAULT_BLOCK_N = 32
 DEFAULT_WARPS = 8
+# The dK/dV/dq atomics' memory order (see _add_rows): relaxed, 2.7x faster than Pallas's
+# acquire-release for the whole kernel on an H200 (notes/backward.md, session 5).
+RELAXED_ATOMICS = True
+# How each row's entries are walked (pallas_backward's ``order``):
+# * "selection": in the selection's column order; splits (only at small row counts, to
+#   fill the GPU) take tiles round-robin. Each entry's dK/dV goes to a random cache
+#   row, so with caches larger than the L2 nearly every fp32 atomic misses it: a DRAM
+#   read and a later write-back of 2 KB per (entry, KV head).
+# * "sorted": each row's valid entries sorted by cache row, and split s of every row
+#   takes the same share [s/S, (s+1)/S) of its sorted list (one 32-entry tile per
+#   program by default). The grid runs split-major, so the programs in flight at a time
+#   all add into the same 1/S of the cache: a row's several referencing rows hit its
+#   accumulator while it is still in the L2. Costs: an XLA sort of [R, W] int32, and
+#   per program a q/dA load and an atomic dq add ([G, D] fp32). An experiment until
+#   measured (notes/backward.md, session 6).
+ORDERS = ("selection", "sorted")
+DEFAULT_ORDER = "selection"
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
@@ -59,26 +83,33 @@ def _dot(a, b, contract):
                            preferred_element_type=jnp.float32)
 
 
-def _add_rows(ref, row_index, cols, values, valid, interpreted: bool):
-    """ref[row_index[i], cols] += values[i] for every i with valid[i] (fp32)."""
+def _add_rows(ref, row_index, col0: int, values, valid, interpreted: bool, relaxed: bool):
+    """ref[row_index[i], col0 : col0 + width] += values[i] for every i with valid[i] (fp32)."""
     if not interpreted:
+        cols = col0 + lax.broadcasted_iota(jnp.int32, (values.shape[1],), 0)
         mask = jnp.broadcast_to(valid[:, None], values.shape)
-        plgpu.atomic_add(ref, (row_index[:, None], cols[None, :]), values, mask=mask)
+        # Relaxed order is enough: these atomics only accumulate (no program reads the
+        # sums or publishes other memory through them), and the results are read by
+        # XLA after the launch has completed. See qsa_jax/ops/_relaxed_atomics.py.
+        add = relaxed_atomic_add if relaxed else plgpu.atomic_add
+        add(ref, (row_index[:, None], cols[None, :]), values, mask=mask)
         return
+
+    span = pl.ds(col0, values.shape[1])
 
     def body(i, carry):
         r = row_index[i]
         value = lax.dynamic_index_in_dim(values, i, keepdims=False)
-        ref[r, :] = ref[r, :] + jnp.where(valid[i], value, 0.0)
+        ref[r, span] = ref[r, span] + jnp.where(valid[i], value, 0.0)
         return carry
 
     lax.fori_loop(0, row_index.shape[0], body, 0)
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delta_ref, lse_ref,
-                     end_ref, _dq_in, _dk_in, _dv_in, dq_ref, dk_ref, dv_ref, *,
-                     p: SparseAttentionProblem, block_m: int, block_n: int, num_splits: int,
-                     interpreted: bool):
+def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_ref, lse_ref, end_ref,
+                     _dq_in, _dkv_in, dq_ref, dkv_ref, *, p: SparseAttentionProblem, block_m: int,
+                     block_n: int, num_splits: int, contiguous: bool, compact: bool, interpreted: bool,
+                     relaxed: bool):
     kv = p.kv
     d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     bn = block_n
@@ -90,25 +121,34 @@ def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delt
     group = jnp.minimum(lanes, g - 1)
     q_rows = row * heads + head * g + group
     q = q_ref[p.queries.row(row, head * g + group), :]  # [M, D] bf16
-    d_attention = da_ref[q_rows, :]  # [M, D] fp32
-    da16 = d_attention.astype(jnp.bfloat16)
+    da16 = da_ref[q_rows, :]  # [M, D] bf16: the dots' operand (delta was formed from it too)
     delta = delta_ref[q_rows]
     lse = lse_ref[q_rows]
 
-    request = req_ref[row]
-    request_ok = (request >= 0) & (request < p.num_requests)
-    safe_request = jnp.clip(request, 0, p.num_requests - 1)
-    end = end_ref[row]  # columns [0, end) are the ones the forward consumed
-    num_steps = (jnp.maximum((end + bn - 1) // bn - split, 0) + num_splits - 1) // num_splits
+    end = end_ref[row]  # entries [0, end) of the row's list are the ones to walk
+    tiles = (end + bn - 1) // bn
+    if contiguous:  # split s: tiles [ceil(s T / S), ceil((s+1) T / S)), the same share of every row
+        first = (split * tiles + num_splits - 1) // num_splits
+        num_steps = ((split + 1) * tiles + num_splits - 1) // num_splits - first
+    else:  # round-robin: split s takes tiles s, s + S, ...
+        first = split
+        num_steps = (jnp.maximum(tiles - split, 0) + num_splits - 1) // num_splits
+    stride = 1 if contiguous else num_splits
     head_offset = head * head_row_stride(kv)
     columns = lax.broadcasted_iota(jnp.int32, (bn,), 0)
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
     scale = d ** -0.5
 
     def body(step, dq_acc):
-        cols = (split + step * num_splits) * bn + columns
-        cache_row, valid = selected_cache_rows(p, idx_ref, bt_ref, row, request_ok, safe_request, cols, end,
-                                               head_offset)
+        cols = (first + step * stride) * bn + columns
+        entry = rows_ref[row, jnp.minimum(cols, p.selection_width - 1)]
+        valid = (cols < end) & (entry >= 0)
+        cache_row = jnp.where(valid, entry + head_offset, 0)  # row 0: a safe address
+        if compact:  # the accumulator holds the named pages only (named_pages)
+            acc_entry = acc_rows_ref[row, jnp.minimum(cols, p.selection_width - 1)]
+            acc_row = jnp.where(valid, acc_entry + head_offset, 0)
+        else:
+            acc_row = cache_row
         # Both gathered [D, BN] by address; zeros (never NaN) where invalid.
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :],
                             not interpreted)
@@ -125,15 +165,16 @@ def _backward_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, da_ref, delt
         p_kv = jnp.where(real[:, None], probs, 0.0).astype(jnp.bfloat16)
         d_keys = _dot(ds_kv, q, (0, 0)) * scale  # [BN, D]
         d_values = _dot(p_kv, da16, (0, 0))
-        _add_rows(dk_ref, cache_row, dims, d_keys, valid, interpreted)
-        _add_rows(dv_ref, cache_row, dims, d_values, valid, interpreted)
+        # One fp32 accumulator row per cache row: dK in columns [0, D), dV in [D, 2D).
+        _add_rows(dkv_ref, acc_row, 0, d_keys, valid, interpreted, relaxed)
+        _add_rows(dkv_ref, acc_row, d, d_values, valid, interpreted, relaxed)
         return dq_acc
 
     dq = lax.fori_loop(0, num_steps, body, jnp.zeros((block_m, d), jnp.float32)) * scale
     if num_splits == 1:
         dq_ref[q_rows, :] = dq  # padded lanes store head G-1's identical value
     else:
-        _add_rows(dq_ref, q_rows, dims, dq, real, interpreted)
+        _add_rows(dq_ref, q_rows, 0, dq, real, interpreted, relaxed)
 
 
 def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
@@ -142,28 +183,116 @@ def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
     return max(1, min(tiles, -(-TARGET_PROGRAMS // programs)))
 
 
+def named_pages(p: SparseAttentionProblem, block_table):
+    """The accumulator's pages when it can be smaller than the cache, else None.
+
+    Only pages that the block table names can receive a gradient. When the table has
+    fewer entries than the cache has pages (static: NR x BTW < NB, e.g. one long
+    sequence in a large pool), the fp32 accumulator holds just those: (pages [K] int32,
+    the named physical pages ascending, padded with NB; slot [NB] int32, each page's
+    place in ``pages`` or -1), K = NR x BTW. Its zero fill and conversion then cost K
+    pages instead of NB; the gradient of every other page is a plain bf16 zero.
+    """
+    kv = p.kv
+    bound = p.num_requests * p.table_width
+    if bound >= kv.num_pages:
+        return None
+    named = block_table.reshape(-1)
+    named = jnp.where((named >= 0) & (named < kv.num_pages), named, kv.num_pages)
+    pages = jnp.unique(named, size=bound, fill_value=kv.num_pages).astype(jnp.int32)
+    slot = jnp.full((kv.num_pages,), -1, jnp.int32).at[pages].set(
+        jnp.arange(bound, dtype=jnp.int32), mode="drop")  # the NB padding is dropped
+    return pages, slot
+
+
+def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv, compaction):
+    """The fp32 accumulator (dK | dV per row, ``compaction``'s pages or the whole cache)
+    in ``kv_arrays``' layout: for the fused cache a conversion in place of the row order
+    it already has (and a scatter of whole pages when compacted)."""
+    kv, d = p.kv, p.head_dim
+    if compaction is None:
+        if kv.fused:
+            return (dkv.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),)
+        return B.kv_cotangent(p, kv_arrays, dkv[:, :d], dkv[:, d:])
+    pages = compaction[0]
+    per_page = dkv.reshape((pages.shape[0],) + kv_arrays[0].shape[1:-1] + (2 * d,))
+    halves = (per_page,) if kv.fused else (per_page[..., :d], per_page[..., d:])
+    # Padding pages (index NB) fall outside the cache and are dropped.
+    return tuple(jnp.zeros(a.shape, a.dtype).at[pages].set(h.astype(a.dtype), mode="drop")
+                 for a, h in zip(kv_arrays, halves))
+
+
+def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_to_req, order: str,
+                compaction=None):
+    """Per row, the head-0 cache rows of the entries the backward walks [R, W] int32, their
+    rows in the accumulator (the same array without ``compaction``) and how many leading
+    ones to walk [R] -- resolved once in XLA (a few MB), not per KV head and split in the
+    kernel.
+
+    "selection": the selection's own column order (-1 where an entry is invalid), up to
+    the end of the tiles the forward consumed. "sorted": only the valid entries, in
+    ascending cache row (see ORDERS).
+    """
+    kv, w = p.kv, p.selection_width
+    row0, valid = entry_rows(p, logical_indices[:, :w], block_table, token_to_req)
+    valid &= B.used_columns(p, logical_indices, jnp.arange(w, dtype=jnp.int32))
+    if compaction is None:
+        acc0 = row0
+    else:  # the same (token, head 0) offset inside the page, in the page's accumulator slot
+        page, offset = row0 // (kv.num_kv_heads * kv.page_size), row0 % (kv.num_kv_heads * kv.page_size)
+        acc0 = compaction[1][page] * (kv.num_kv_heads * kv.page_size) + offset
+    if order == "selection":
+        count = jnp.minimum(logical_indices[:, w], w)
+        fwd_bn = p.config.block_n
+        # Columns the forward consumed: whole tiles of its block_n up to the count,
+        # at most num_tiles of them (0 for a count <= 0).
+        end = jnp.minimum(jnp.clip((count + fwd_bn - 1) // fwd_bn, 0, p.config.num_tiles) * fwd_bn, w)
+        entries = jnp.where(valid, row0, -1).astype(jnp.int32)
+        acc = entries if compaction is None else jnp.where(valid, acc0, -1).astype(jnp.int32)
+        return entries, acc, end.astype(jnp.int32)
+    # Invalid entries sort last (past the end, never walked).
+    key = jnp.where(valid, row0, jnp.iinfo(jnp.int32).max).astype(jnp.int32)
+    if compaction is None:
+        entries = jnp.sort(key, axis=1)
+        acc = entries
+    else:
+        entries, acc = lax.sort((key, acc0.astype(jnp.int32)), dimension=1, num_keys=1)
+    return entries, acc, jnp.sum(valid, axis=1, dtype=jnp.int32)
+
+
 def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                     token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
-                    num_splits: int | None = None, num_warps: int | None = None):
-    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring."""
+                    num_splits: int | None = None, num_warps: int | None = None,
+                    relaxed_atomics: bool | None = None, order: str | None = None):
+    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring.
+    ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
+    order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
+    ``order``: how each row's entries are walked and split (``ORDERS``); None:
+    ``DEFAULT_ORDER``."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
+    order = order or DEFAULT_ORDER
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
                                                  d_out, jnp.float32, delta_dtype=jnp.bfloat16)
-    zero_kv = jnp.zeros((kv.num_rows, d), jnp.float32)
+    compaction = named_pages(p, block_table)
+    acc_rows = kv.num_rows if compaction is None else compaction[0].shape[0] * (kv.num_rows // kv.num_pages)
+    zero_kv = jnp.zeros((acc_rows, 2 * d), jnp.float32)
     if rows == 0:
         return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
-                B.kv_cotangent(p, kv_arrays, zero_kv, zero_kv), d_gate)
+                _kv_cotangent(p, kv_arrays, zero_kv, compaction), d_gate)
     bn = block_n or DEFAULT_BLOCK_N
-    splits = num_splits or default_splits(p, bn)
+    sorted_order = order == "sorted"
+    if num_splits:
+        splits = num_splits
+    elif sorted_order:  # one tile per program at a full selection (see ORDERS)
+        splits = -(-p.selection_width // bn)
+    else:
+        splits = default_splits(p, bn)
     interpreted = interpret()
-    w = p.selection_width
-    count = jnp.minimum(logical_indices[:, w], w)
-    fwd_bn = p.config.block_n
-    # Columns the forward consumed: whole tiles of its block_n up to the count,
-    # at most num_tiles of them (0 for a count <= 0).
-    end = jnp.minimum(jnp.clip((count + fwd_bn - 1) // fwd_bn, 0, p.config.num_tiles) * fwd_bn, w)
+    entries, acc, end = entry_lists(p, logical_indices, block_table, token_to_req, order, compaction)
     if kv.fused:
         k_rows = v_rows = kv_arrays[0].reshape(kv.num_rows, 2 * d)
     else:
@@ -171,24 +300,24 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         v_rows = kv_arrays[1].reshape(kv.num_rows, d)
     block_m = max(16, next_pow2(p.group_size))
     kernel = functools.partial(_backward_kernel, p=p, block_m=block_m, block_n=bn,
-                               num_splits=splits, interpreted=interpreted)
+                               num_splits=splits, contiguous=sorted_order, compact=compaction is not None,
+                               interpreted=interpreted,
+                               relaxed=RELAXED_ATOMICS if relaxed_atomics is None else relaxed_atomics)
     acc_shapes = (jax.ShapeDtypeStruct((rows * heads, d), jnp.float32),
-                  jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32),
-                  jax.ShapeDtypeStruct((kv.num_rows, d), jnp.float32))
-    dq, dk, dv = pl.pallas_call(
+                  jax.ShapeDtypeStruct((acc_rows, 2 * d), jnp.float32))
+    dq, dkv = pl.pallas_call(
         kernel,
         out_shape=acc_shapes,
         grid=(rows, p.num_kv_heads, splits),
-        in_specs=[pl.no_block_spec] * 13,
-        out_specs=(pl.no_block_spec,) * 3,
+        in_specs=[pl.no_block_spec] * 11,
+        out_specs=(pl.no_block_spec,) * 2,
         # The accumulators start as zeros and are updated in place.
-        input_output_aliases={10: 0, 11: 1, 12: 2},
+        input_output_aliases={9: 0, 10: 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
-    )(q.reshape(-1, d), k_rows, v_rows, logical_indices, block_table, token_to_req,
-      d_attention.reshape(rows * heads, d), delta.reshape(rows * heads),
-      lse.reshape(rows * heads).astype(jnp.float32), end.astype(jnp.int32),
-      jnp.zeros((rows * heads, d), jnp.float32), zero_kv, zero_kv)
-    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), B.kv_cotangent(p, kv_arrays, dk, dv),
+    )(q.reshape(-1, d), k_rows, v_rows, entries, acc, d_attention.reshape(rows * heads, d).astype(jnp.bfloat16),
+      delta.reshape(rows * heads), lse.reshape(rows * heads).astype(jnp.float32), end,
+      jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
+    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv, compaction),
             d_gate)
