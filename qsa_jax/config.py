@@ -343,10 +343,18 @@ class _Launch:
             if field.name == "prefetch":
                 if not isinstance(value, bool):
                     raise TypeError(f"{kind}.prefetch must be a bool or None; got {value!r}")
+            elif field.name == "merge":
+                if value not in MERGE_MODES:
+                    raise ValueError(f"{kind}.merge must be one of {MERGE_MODES} or None; got {value!r}")
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{kind}.{field.name} must be an int >= 1 or None; got {value!r}")
             elif field.name != "num_stages" and value & (value - 1):
                 raise ValueError(f"{kind}.{field.name} must be a power of two; got {value}")
+
+
+# How the Pallas forward merges its splits (PallasLaunch.merge): "separate" = a second
+# kernel; "fused" = one launch whose last program to finish a (row, KV head) merges.
+MERGE_MODES = ("separate", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,7 +365,15 @@ class PallasLaunch(_Launch):
     depth; ``prefetch``: load the next tile's indices and block-table entries while the
     current tile's K/V gather is in flight (same arithmetic, same order); ``merge_block_d``
     and ``merge_warps``: D columns per program and warps of the split merge.
+    ``merge`` (only with several splits): "separate" (default) merges in a second kernel
+    with ``merge_warps``; "fused" runs one kernel in which the last split program of each
+    (row, KV head) to store its partial (an atomic arrival counter tells it) merges that
+    (row, KV head)'s G heads itself, ``merge_block_d`` columns at a time, with the attention
+    kernel's warps. Same arithmetic and order as the separate merge (notes/pallas.md,
+    "Session 6: single-launch decode").
     """
+
+    merge: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,7 +422,7 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
     default = PallasLaunch(
         num_warps=warps, num_stages=stages, prefetch=False,
         merge_block_d=pallas_merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
-        merge_warps=PALLAS_MERGE_WARPS)
+        merge_warps=PALLAS_MERGE_WARPS, merge="separate")
     return _with_override(default, problem.launch)
 
 

@@ -53,8 +53,11 @@ from qsa_jax.ops.sparse_attention.base import (
 
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
-                      masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False):
+                      masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False,
+                      fused_merge: bool = False, merge_block_d: int = 0):
     # With k/v scales a (2,) fp32 ref [score scale, output scale] precedes the outputs.
+    # With ``fused_merge`` (several splits) the zeroed arrival counters follow as an input,
+    # aliased to the last output (see _merge_if_last).
     scales_ref, out_refs = (refs[0], refs[1:]) if p.scaled else (None, refs)
     kv = p.kv
     cfg = p.config
@@ -152,10 +155,51 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
             attn_ref, lse_out_ref = residual_refs
             attn_ref[q_rows, :] = out.astype(jnp.bfloat16)
             lse_out_ref[q_rows] = lse
+    elif fused_merge:
+        _, o_ref, *residual_refs, part_ref, lse_ref, counter_ref = out_refs  # [0]: the counters input
+        part_ref[split, q_rows, :] = out
+        lse_ref[split, q_rows] = lse
+        _merge_if_last(p, part_ref, lse_ref, gate_ref, o_ref, residual_refs, counter_ref, row, head,
+                       block_d=merge_block_d, on_gpu=masked)
     else:
         part_ref, lse_ref = out_refs
         part_ref[split, q_rows, :] = out
         lse_ref[split, q_rows] = lse
+
+
+def _merge_if_last(p: SparseAttentionProblem, part_ref, lse_ref, gate_ref, o_ref, residual_refs, counter_ref,
+                   row, head, *, block_d: int, on_gpu: bool):
+    """The fused merge (``PallasLaunch(merge="fused")``), after this split program stored
+    its partial and LSE: count its arrival at (row, KV head); the program that arrives last
+    merges the G query heads of that (row, KV head) over all splits, D in ``block_d``
+    chunks, exactly as ``_merge_kernel`` does (same helpers, same order).
+
+    Memory ordering: Pallas' Triton lowering emits ``atomic_add`` as ``tt.atomic_rmw`` with
+    acq_rel semantics at GPU scope, executed by one thread of the program, and returns the
+    value before the add. The CTA barrier before it orders every thread's partial stores
+    before that thread's release; the last arrival's acquire (Triton broadcasts its result
+    to the other threads through shared memory, behind a barrier) orders its partial loads
+    after every other program's release. Checked on the sm_90 lowering (tests/test_fused_merge.py).
+    The counters start at zero every call (a zeroed buffer made by the caller).
+    """
+    num_splits = p.config.num_splits
+    block_s = next_pow2(num_splits)
+    g, heads = p.group_size, p.num_query_heads
+    if on_gpu:  # the interpreter runs programs one by one and has no barrier rule
+        plgpu.debug_barrier()
+    arrived = plgpu.atomic_add(counter_ref, row * p.num_kv_heads + head, jnp.ones((), jnp.int32))
+
+    @pl.when(arrived == num_splits - 1)
+    def _merge():
+        def one_head(i, carry):
+            qrow = row * heads + head * g + i
+            weights = _merge_weights(lse_ref, qrow, num_splits, block_s)
+            for chunk in range(p.head_dim // block_d):  # unrolled: the chunks' loads can overlap
+                _merge_columns(part_ref, gate_ref, o_ref, residual_refs, qrow, pl.ds(chunk * block_d, block_d),
+                               weights)
+            return carry
+
+        lax.fori_loop(0, g, one_head, 0)
 
 
 def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request_ok, safe_request,
@@ -204,11 +248,9 @@ def _gated(attention, gate_fp32):
     return (rounded * (1.0 / (1.0 + jnp.exp(-gate_fp32)))).astype(jnp.bfloat16)
 
 
-def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits: int, block_s: int,
-                  block_d: int):
-    # One program per (row * H + head, D chunk): weights exp2(lse - max lse) over splits.
-    qrow = pl.program_id(0)
-    cols = pl.ds(pl.program_id(1) * block_d, block_d)
+def _merge_weights(lse_ref, qrow, num_splits: int, block_s: int):
+    """Weights exp2(lse - max lse) over the splits of query row ``qrow`` (flat row * H + head),
+    for ``_merge_columns``. Shared by the merge kernel and the fused merge (same arithmetic)."""
     splits = lax.broadcasted_iota(jnp.int32, (block_s,), 0)
     in_range = splits < num_splits
     safe_splits = jnp.minimum(splits, num_splits - 1)
@@ -216,7 +258,12 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits
     lse_max = jnp.max(lse)
     has_values = lse_max > -jnp.inf
     weights = jnp.where(in_range & has_values, jnp.exp2(lse - jnp.where(has_values, lse_max, 0.0)), 0.0)
-    denominator = jnp.sum(weights)
+    return safe_splits, in_range, weights, jnp.sum(weights), lse_max
+
+
+def _merge_columns(part_ref, gate_ref, o_ref, residual_refs, qrow, cols, merge_weights):
+    """Merge the splits' partials of query row ``qrow``, columns ``cols``; gate; store."""
+    safe_splits, in_range, weights, denominator, lse_max = merge_weights
     partial = part_ref[safe_splits, qrow, cols]  # [S_pow2, block_d] fp32
     # Out-of-range splits re-read split S-1; zero them with where (weight 0
     # alone would keep a NaN/inf partial, which cannot occur, but be exact).
@@ -232,6 +279,15 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits
             denominator > 0, lse_max + jnp.log2(jnp.where(denominator > 0, denominator, 1.0)), -jnp.inf)
 
 
+def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits: int, block_s: int,
+                  block_d: int):
+    # One program per (row * H + head, D chunk): weights exp2(lse - max lse) over splits.
+    qrow = pl.program_id(0)
+    cols = pl.ds(pl.program_id(1) * block_d, block_d)
+    _merge_columns(part_ref, gate_ref, o_ref, residual_refs, qrow, cols,
+                   _merge_weights(lse_ref, qrow, num_splits, block_s))
+
+
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
         token_to_req, output_gate, scales=None, *, residuals: bool = False):
     """bf16 [rows, H, D]; with ``residuals`` (for backward.py) also the ungated attention
@@ -245,7 +301,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         return (out, out, jnp.zeros((0, heads), jnp.float32)) if residuals else out
     result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
                           scales, residuals=residuals)
-    if p.config.num_splits == 1:
+    if p.config.num_splits == 1 or pallas_launch(p).merge == "fused":
         if residuals:
             out, attention, lse = result
             return out.reshape(rows, heads, d), attention.reshape(rows, heads, d), lse.reshape(rows, heads)
@@ -256,8 +312,9 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                  token_to_req, output_gate, scales=None, *, residuals: bool = False):
-    """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
-    fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``.
+    """The attention kernel alone: bf16 output [rows*H, D] with one split or the fused
+    merge (``PallasLaunch.merge``), else the fp32 partials [S, rows*H, D] and base-2 LSEs
+    [S, rows*H] for ``merge_kernel``.
     The fp8 K conversion order follows ``config.pallas_fp8_keys_via_f16`` (bit-identical)."""
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
@@ -276,28 +333,43 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     gate2 = output_gate.reshape(rows * heads, d)
 
     one_split = num_splits == 1
+    fused = not one_split and launch.merge == "fused"
+    output = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
+    output = (output, output, jax.ShapeDtypeStruct((rows * heads,), jnp.float32)) if residuals else (output,)
+    partials = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
+                jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
     if one_split:
-        out_shape = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
-        if residuals:
-            out_shape = (out_shape, out_shape, jax.ShapeDtypeStruct((rows * heads,), jnp.float32))
+        out_shape = output if residuals else output[0]
+    elif fused:  # the merged output(s), the partials (scratch), the arrival counters
+        out_shape = output + partials + (jax.ShapeDtypeStruct((rows * p.num_kv_heads,), jnp.int32),)
     else:
-        out_shape = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
-                     jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
+        out_shape = partials
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
                                masked=not interpreted, prefetch=launch.prefetch,
-                               fp8_keys_via_f16=config.pallas_fp8_keys_via_f16())
+                               fp8_keys_via_f16=config.pallas_fp8_keys_via_f16(),
+                               fused_merge=fused, merge_block_d=launch.merge_block_d)
     inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     inputs += (scales,) if p.scaled else ()
-    return pl.pallas_call(
+    aliases = {}
+    if fused:
+        # Zeroed per call (a memset on the GPU): the kernel counts arrivals into it in place.
+        aliases = {len(inputs): len(out_shape) - 1}
+        inputs += (jnp.zeros((rows * p.num_kv_heads,), jnp.int32),)
+    result = pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(rows, p.num_kv_heads, num_splits),
         in_specs=[pl.no_block_spec] * len(inputs),
         out_specs=jax.tree.map(lambda _: pl.no_block_spec, out_shape),
+        input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=launch.num_warps, num_stages=launch.num_stages),
         interpret=interpreted,
         name="qsa_sparse_attention",
     )(*inputs)
+    if fused:
+        merged = result[:len(output)]
+        return merged if residuals else merged[0]
+    return result
 
 
 def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, residuals: bool = False):
