@@ -191,15 +191,37 @@ def _merge_if_last(p: SparseAttentionProblem, part_ref, lse_ref, gate_ref, o_ref
 
     @pl.when(arrived == num_splits - 1)
     def _merge():
-        def one_head(i, carry):
-            qrow = row * heads + head * g + i
-            weights = _merge_weights(lse_ref, qrow, num_splits, block_s)
-            for chunk in range(p.head_dim // block_d):  # unrolled: the chunks' loads can overlap
-                _merge_columns(part_ref, gate_ref, o_ref, residual_refs, qrow, pl.ds(chunk * block_d, block_d),
-                               weights)
-            return carry
+        # Unrolled over the G heads x D chunks and software-pipelined by hand: the merge is
+        # a serial chain in one program, and each chunk's sum over splits crosses warps
+        # (a CTA barrier, which no load is moved across), so every load is issued one step
+        # ahead in program order: the next head's LSEs and gate chunks (the gate comes
+        # from HBM) while this head is merged, the next chunk's partials while this
+        # chunk is summed. Same helpers, same arithmetic per chunk as _merge_kernel.
+        split_rows = _split_rows(num_splits, block_s)
+        chunks = [pl.ds(c * block_d, block_d) for c in range(p.head_dim // block_d)]
+        steps = [(i, c) for i in range(g) for c in range(len(chunks))]
+        qrow = lambda i: row * heads + head * g + i  # noqa: E731
 
-        lax.fori_loop(0, g, one_head, 0)
+        def head_loads(i):
+            return _load_lse(lse_ref, qrow(i), split_rows), [gate_ref[qrow(i), cols] for cols in chunks]
+
+        def partial(step):
+            i, c = steps[step]
+            return part_ref[split_rows[0], qrow(i), chunks[c]]
+
+        next_head, next_partial = head_loads(0), partial(0)
+        for step, (i, c) in enumerate(steps):
+            if c == 0:
+                (lse, gates), weights = next_head, None
+                if i + 1 < g:
+                    next_head = head_loads(i + 1)
+            this_partial = next_partial
+            if step + 1 < len(steps):
+                next_partial = partial(step + 1)
+            if weights is None:
+                weights = _merge_weights(lse, split_rows)
+            _merge_columns(this_partial, lambda gate=gates[c]: gate, o_ref, residual_refs, qrow(i), chunks[c],
+                           split_rows, weights)
 
 
 def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request_ok, safe_request,
@@ -248,29 +270,39 @@ def _gated(attention, gate_fp32):
     return (rounded * (1.0 / (1.0 + jnp.exp(-gate_fp32)))).astype(jnp.bfloat16)
 
 
-def _merge_weights(lse_ref, qrow, num_splits: int, block_s: int):
-    """Weights exp2(lse - max lse) over the splits of query row ``qrow`` (flat row * H + head),
-    for ``_merge_columns``. Shared by the merge kernel and the fused merge (same arithmetic)."""
+def _split_rows(num_splits: int, block_s: int):
+    """The merge's [S_pow2] split rows: clamped to S-1 past the real splits, and which are real."""
     splits = lax.broadcasted_iota(jnp.int32, (block_s,), 0)
     in_range = splits < num_splits
-    safe_splits = jnp.minimum(splits, num_splits - 1)
-    lse = jnp.where(in_range, lse_ref[safe_splits, qrow], -jnp.inf)
+    return jnp.minimum(splits, num_splits - 1), in_range
+
+
+def _load_lse(lse_ref, qrow, split_rows):
+    safe_splits, in_range = split_rows
+    return jnp.where(in_range, lse_ref[safe_splits, qrow], -jnp.inf)
+
+
+def _merge_weights(lse, split_rows):
+    """Weights exp2(lse - max lse) over the splits of one query row, their sum and the max.
+    The merge kernel and the fused merge share these helpers: same arithmetic, same order."""
+    _, in_range = split_rows
     lse_max = jnp.max(lse)
     has_values = lse_max > -jnp.inf
     weights = jnp.where(in_range & has_values, jnp.exp2(lse - jnp.where(has_values, lse_max, 0.0)), 0.0)
-    return safe_splits, in_range, weights, jnp.sum(weights), lse_max
+    return weights, jnp.sum(weights), lse_max
 
 
-def _merge_columns(part_ref, gate_ref, o_ref, residual_refs, qrow, cols, merge_weights):
-    """Merge the splits' partials of query row ``qrow``, columns ``cols``; gate; store."""
-    safe_splits, in_range, weights, denominator, lse_max = merge_weights
-    partial = part_ref[safe_splits, qrow, cols]  # [S_pow2, block_d] fp32
+def _merge_columns(partial, load_gate, o_ref, residual_refs, qrow, cols, split_rows, merge_weights):
+    """Merge the splits' ``partial`` [S_pow2, block_d] of query row ``qrow``, columns ``cols``;
+    gate (``load_gate()``: the gate chunk, loaded there or earlier); store."""
+    _, in_range = split_rows
+    weights, denominator, lse_max = merge_weights
     # Out-of-range splits re-read split S-1; zero them with where (weight 0
     # alone would keep a NaN/inf partial, which cannot occur, but be exact).
     partial = jnp.where(in_range[:, None], partial, 0.0)
     merged = jnp.sum(partial * weights[:, None], axis=0)
     merged = jnp.where(denominator > 0, merged / jnp.where(denominator > 0, denominator, 1.0), 0.0)
-    gate = gate_ref[qrow, cols].astype(jnp.float32)
+    gate = load_gate().astype(jnp.float32)
     o_ref[qrow, cols] = _gated(merged, gate)
     if residual_refs:  # for the backward pass; every D chunk stores the same LSE
         attn_ref, lse_out_ref = residual_refs
@@ -284,8 +316,10 @@ def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits
     # One program per (row * H + head, D chunk): weights exp2(lse - max lse) over splits.
     qrow = pl.program_id(0)
     cols = pl.ds(pl.program_id(1) * block_d, block_d)
-    _merge_columns(part_ref, gate_ref, o_ref, residual_refs, qrow, cols,
-                   _merge_weights(lse_ref, qrow, num_splits, block_s))
+    split_rows = _split_rows(num_splits, block_s)
+    weights = _merge_weights(_load_lse(lse_ref, qrow, split_rows), split_rows)
+    _merge_columns(part_ref[split_rows[0], qrow, cols], lambda: gate_ref[qrow, cols], o_ref, residual_refs,
+                   qrow, cols, split_rows, weights)
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
