@@ -1,6 +1,6 @@
 """Single-launch decode (``PallasLaunch(merge="fused")``) against the split + merge kernels.
 
-    python -m bench.fused_decode [--out DIR] [--cases TP1:1,...] [--n-sets 10] [--runs 3] [--rounds 3]
+    python -m bench.fused_decode [--out DIR] [--cases TP1:1,...,TP4:1@16] [--n-sets 10] [--runs 3] [--rounds 3]
 
 For the decode cases (TP1 1/2/4/8 rows, TP4 1/4/16 rows: <= 16 programs) at the default
 tiling (on an H200 the measured table), in one process on the same fresh selections:
@@ -14,6 +14,9 @@ tiling (on an H200 the measured table), in one process on the same fresh selecti
   elements, fidelity contract), whether repeated fused runs give the same bits (a race
   between the arrival and the partials would not), and each job's error from exact
   float64 attention on set 0.
+
+A case ``TP:rows@S`` runs the table's block_n and warps with S splits instead (``config=``):
+where the serial merge of the last arrival (G x S x D partials) might pay off.
 
 Writes ``fused_decode.json`` and ``fused_decode.md`` to --out. Without a GPU it runs the
 reduced CPU geometry in interpret mode (bits only, no originals, no trace): a smoke test.
@@ -37,29 +40,39 @@ ORIGINALS = ("0.30.0", "0.34.0")
 GAP_S = 0.05  # idle time between jobs in the trace
 
 
-def build_chain(merge: str):
+def build_chain(merge: str, config, stages: int):
     import jax
 
     import qsa_jax
     from bench.timing import sequential_calls
 
-    launch = qsa_jax.PallasLaunch(merge=merge)
+    launch = qsa_jax.PallasLaunch(merge=merge, num_stages=stages)
 
     def chain(q, kv, idx_sets, bt, t2r, gate):
         return sequential_calls(lambda i: qsa_jax.sparse_attention(
-            q, kv, i, bt, t2r, gate, implementation="pallas", launch=launch), idx_sets)
+            q, kv, i, bt, t2r, gate, implementation="pallas", config=config, launch=launch), idx_sets)
     return jax.jit(chain)
 
 
-def tiling(args):
-    """(config, launch) the default call picks for ``args`` (the table's tiling)."""
+def tiling(args, splits=None):
+    """(config= to pass, config, launch, G) for ``args``: the table's tiling (config= None),
+    or with ``splits`` its block_n and launch with that split count (an explicit config=
+    that keeps the table's warps and stages)."""
+    import dataclasses
+
     from qsa_jax.config import pallas_launch
     from qsa_jax.ops.sparse_attention import base
 
     q, kv, idx_sets, bt, t2r, gate = args
     problem = base.check_sparse_attention_args(q, kv, idx_sets[0], bt, t2r, gate, use_prefill_config=False,
                                                config=None)
-    return problem.config, pallas_launch(problem), problem.group_size
+    launch = pallas_launch(problem)
+    if splits is None:
+        return None, problem.config, launch, problem.group_size
+    cfg = problem.config._replace(num_warps=launch.num_warps, num_splits=min(splits, problem.config.num_tiles))
+    problem = dataclasses.replace(problem, config=cfg, config_explicit=True, num_stages=None)
+    return tuple(cfg), cfg, dataclasses.replace(pallas_launch(problem), num_stages=launch.num_stages), \
+        problem.group_size
 
 
 def by_name_per_call(kernels, calls: int) -> dict[str, float]:
@@ -107,19 +120,21 @@ def main(argv=None) -> int:
     cases = []
     for spec in a.cases.split(","):
         tp, rows = spec.split(":")
+        rows, _, splits = rows.partition("@")
         if tp not in pools:
             geo = inputs.geometry(tp, cpu=not gpu, pool_gb=a.pool_gb)
             pools[tp] = (geo,) + inputs.make_pool(geo, gpu=gpu, seed=21 + len(pools))
         geo, kv_t, kv = pools[tp]
         inp = inputs.sparse_inputs(geo, int(rows), a.n_sets, seed=1000 + 17 * int(rows) + len(cases))
         args = (inp.q, kv, tuple(inp.idx), inp.block_table, inp.token_to_req, inp.gate)
-        cfg, launch, group = tiling(args)
+        explicit, cfg, launch, group = tiling(args, int(splits) if splits else None)
         cases.append(dict(tp=tp, rows=int(rows), geo=geo, kv_t=kv_t, inp=inp, args=args, config=tuple(cfg),
+                          explicit=explicit,
                           warps=launch.num_warps, stages=launch.num_stages, merge_block_d=launch.merge_block_d,
                           group=group))
 
     # Compile every chain (lowering is Python; XLA's and Triton's compilers release the GIL).
-    lowered = [(c, m, build_chain(m).lower(*c["args"])) for c in cases for m in MODES]
+    lowered = [(c, m, build_chain(m, c["explicit"], c["stages"]).lower(*c["args"])) for c in cases for m in MODES]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         compiled = list(pool.map(lambda x: x[2].compile(), lowered))
     fns = {(id(c), m): f for (c, m, _), f in zip(lowered, compiled)}
@@ -138,6 +153,7 @@ def main(argv=None) -> int:
             stable &= bool(np.array_equal(again.view(np.uint16), fus.view(np.uint16)))
         fid = fidelity(fus.astype(np.float32), sep.astype(np.float32), what=f"{c['tp']} rows {c['rows']}")
         rec = {k: c[k] for k in ("tp", "rows", "config", "warps", "stages", "merge_block_d", "group")}
+        rec["table_tiling"] = c["explicit"] is None
         s = c["config"][3]
         rec.update(
             # What the last arrival of a (row, KV head) reads in the fused merge: G heads x
@@ -240,11 +256,13 @@ def markdown(results) -> str:
         best = min(origs) if origs else None
         fid = r["fidelity"]
         bits = "identical" if r["bits_identical"] else f"{r['elements_differing']}/{r['elements']} differ"
+        ratio = lambda x: f(x / best if x and best else None, "{:.2f}x")  # noqa: E731
+        config = f"{tuple(r['config'])}{'' if r['table_tiling'] else ' (S set)'}"
         lines.append(
-            f"| {r['tp']} | {r['rows']} | {tuple(r['config'])} | {r['group']} | "
+            f"| {r['tp']} | {r['rows']} | {config} | {r['group']} | "
             f"{r['merge_bytes_per_last_program'] / 1024:.0f} | {f(sep)} | {f(fus)} | "
             f"{f(fus - sep if fus and sep else None, '{:+.2f}')} | {f(b.get('0.30.0'))} | {f(b.get('0.34.0'))} | "
-            f"{f(fus / best if fus and best else None, '{:.2f}x')} | {f(sep / best if sep and best else None, '{:.2f}x')} | "
+            f"{ratio(fus)} | {ratio(sep)} | "
             f"{bits} | {fid['rel_err']:.1e} / {fid['ulp_fraction']:.2%} | {r['fused_stable_over_repeats']} |")
     lines += ["", "Per-call time by kernel (µs), the median round:", "",
               "| TP | rows | job | kernels |", "|---|---|---|---|"]
