@@ -15,7 +15,8 @@ tiling (on an H200 the measured table), in one process on the same fresh selecti
   between the arrival and the partials would not), and each job's error from exact
   float64 attention on set 0.
 
-A case ``TP:rows@S`` runs the table's block_n and warps with S splits instead (``config=``):
+A case ``TP:rows@S`` runs the table's block_n and warps with S splits instead (``config=``),
+``TP:rows@S/B`` also merges B columns per step (``merge_block_d``, both merges):
 where the serial merge of the last arrival (G x S x D partials) might pay off.
 
 Writes ``fused_decode.json`` and ``fused_decode.md`` to --out. Without a GPU it runs the
@@ -40,13 +41,13 @@ ORIGINALS = ("0.30.0", "0.34.0")
 GAP_S = 0.05  # idle time between jobs in the trace
 
 
-def build_chain(merge: str, config, stages: int):
+def build_chain(merge: str, config, stages: int, block_d: int | None):
     import jax
 
     import qsa_jax
     from bench.timing import sequential_calls
 
-    launch = qsa_jax.PallasLaunch(merge=merge, num_stages=stages)
+    launch = qsa_jax.PallasLaunch(merge=merge, num_stages=stages, merge_block_d=block_d)
 
     def chain(q, kv, idx_sets, bt, t2r, gate):
         return sequential_calls(lambda i: qsa_jax.sparse_attention(
@@ -121,6 +122,7 @@ def main(argv=None) -> int:
     for spec in a.cases.split(","):
         tp, rows = spec.split(":")
         rows, _, splits = rows.partition("@")
+        splits, _, block_d = splits.partition("/")
         if tp not in pools:
             geo = inputs.geometry(tp, cpu=not gpu, pool_gb=a.pool_gb)
             pools[tp] = (geo,) + inputs.make_pool(geo, gpu=gpu, seed=21 + len(pools))
@@ -128,13 +130,14 @@ def main(argv=None) -> int:
         inp = inputs.sparse_inputs(geo, int(rows), a.n_sets, seed=1000 + 17 * int(rows) + len(cases))
         args = (inp.q, kv, tuple(inp.idx), inp.block_table, inp.token_to_req, inp.gate)
         explicit, cfg, launch, group = tiling(args, int(splits) if splits else None)
+        block_d = int(block_d) if block_d else None
         cases.append(dict(tp=tp, rows=int(rows), geo=geo, kv_t=kv_t, inp=inp, args=args, config=tuple(cfg),
-                          explicit=explicit,
-                          warps=launch.num_warps, stages=launch.num_stages, merge_block_d=launch.merge_block_d,
-                          group=group))
+                          explicit=explicit, warps=launch.num_warps, stages=launch.num_stages,
+                          merge_block_d=block_d or launch.merge_block_d, block_d=block_d, group=group))
 
     # Compile every chain (lowering is Python; XLA's and Triton's compilers release the GIL).
-    lowered = [(c, m, build_chain(m, c["explicit"], c["stages"]).lower(*c["args"])) for c in cases for m in MODES]
+    lowered = [(c, m, build_chain(m, c["explicit"], c["stages"], c["block_d"]).lower(*c["args"]))
+               for c in cases for m in MODES]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         compiled = list(pool.map(lambda x: x[2].compile(), lowered))
     fns = {(id(c), m): f for (c, m, _), f in zip(lowered, compiled)}
@@ -257,7 +260,7 @@ def markdown(results) -> str:
         fid = r["fidelity"]
         bits = "identical" if r["bits_identical"] else f"{r['elements_differing']}/{r['elements']} differ"
         ratio = lambda x: f(x / best if x and best else None, "{:.2f}x")  # noqa: E731
-        config = f"{tuple(r['config'])}{'' if r['table_tiling'] else ' (S set)'}"
+        config = f"{tuple(r['config'])}{'' if r['table_tiling'] else ' (S set)'}, merge bd {r['merge_block_d']}"
         lines.append(
             f"| {r['tp']} | {r['rows']} | {config} | {r['group']} | "
             f"{r['merge_bytes_per_last_program'] / 1024:.0f} | {f(sep)} | {f(fus)} | "
