@@ -108,6 +108,26 @@ def test_merge_mode_is_checked_and_defaults_to_separate():
     assert pallas_launch(problem).merge == "separate"
 
 
+def test_fused_merge_steps_follow_the_register_budget():
+    """The fused merge takes D whole where a [S_pow2, D] slab fits 64 fp32 values per thread
+    (G steps instead of 4 G), 64 columns at 65 splits on 4 warps; ``merge_block_d`` given
+    in ``launch=`` wins."""
+    from qsa_jax.config import pallas_fused_merge_block_d, pallas_launch
+    from qsa_jax.ops.sparse_attention import base
+
+    assert pallas_fused_merge_block_d(65, 256, 4) == 64  # TP1/TP4 1 row on the H200 table
+    assert pallas_fused_merge_block_d(33, 256, 8) == 256  # 4 programs
+    assert pallas_fused_merge_block_d(32, 256, 4) == 256  # 8-16 programs
+    assert pallas_fused_merge_block_d(64, 48, 1) == 16  # a power of two that divides D
+    case = _small_case(3, rows=2, edge=False)
+    args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
+    problem = lambda launch: base.check_sparse_attention_args(  # noqa: E731
+        *args, use_prefill_config=False, config=(16, 4, 9, 9), launch=launch)
+    assert pallas_launch(problem(FUSED)).merge_block_d == 16  # D = 16 whole
+    assert pallas_launch(problem(qsa_jax.PallasLaunch(merge="fused", merge_block_d=8))).merge_block_d == 8
+    assert pallas_launch(problem(None)).merge_block_d == 16
+
+
 def test_one_split_ignores_the_fused_merge():
     case = _small_case(9, rows=3, edge=False)
     cfg = (64, 2, 3, 1)
