@@ -5,7 +5,9 @@ dealt to its split (tiles s, s+S, s+2S, ...), gathers the K/V rows of each tile
 straight out of the cache, and keeps an online base-2 softmax. With one split
 the program applies the sigmoid gate and writes the bf16 output itself; with
 several it writes an fp32 partial + base-2 LSE and a second Pallas kernel
-merges the splits and applies the gate.
+merges the splits and applies the gate (or, with ``PallasLaunch(merge="fused")``,
+the last split program of each (row, KV head) to finish merges them in the same
+launch: ``_merge_if_last``).
 
 Design choices (and why):
 
