@@ -343,10 +343,18 @@ class _Launch:
             if field.name == "prefetch":
                 if not isinstance(value, bool):
                     raise TypeError(f"{kind}.prefetch must be a bool or None; got {value!r}")
+            elif field.name == "merge":
+                if value not in MERGE_MODES:
+                    raise ValueError(f"{kind}.merge must be one of {MERGE_MODES} or None; got {value!r}")
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{kind}.{field.name} must be an int >= 1 or None; got {value!r}")
             elif field.name != "num_stages" and value & (value - 1):
                 raise ValueError(f"{kind}.{field.name} must be a power of two; got {value}")
+
+
+# How the Pallas forward merges its splits (PallasLaunch.merge): "separate" = a second
+# kernel; "fused" = one launch whose last program to finish a (row, KV head) merges.
+MERGE_MODES = ("separate", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,7 +365,15 @@ class PallasLaunch(_Launch):
     depth; ``prefetch``: load the next tile's indices and block-table entries while the
     current tile's K/V gather is in flight (same arithmetic, same order); ``merge_block_d``
     and ``merge_warps``: D columns per program and warps of the split merge.
+    ``merge`` (only with several splits): "separate" (default) merges in a second kernel
+    with ``merge_warps``; "fused" runs one kernel in which the last split program of each
+    (row, KV head) to store its partial (an atomic arrival counter tells it) merges that
+    (row, KV head)'s G heads itself, ``merge_block_d`` columns at a time, with the attention
+    kernel's warps. Same arithmetic and order as the separate merge (notes/pallas.md,
+    "Session 6: single-launch decode").
     """
+
+    merge: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,7 +411,8 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
       ``PALLAS_NUM_STAGES``.
     Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton
     kernel's helped at 32-64 rows and hurt at BN 64 with several splits, notes/triton.md).
-    The merge's D chunk: ``pallas_merge_block_d``.
+    The merge's D chunk: ``pallas_merge_block_d``; with ``merge="fused"``
+    ``pallas_fused_merge_block_d`` unless the override sets it.
     """
     cfg = problem.config
     warps, stages = cfg.num_warps, PALLAS_NUM_STAGES
@@ -406,8 +423,12 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
     default = PallasLaunch(
         num_warps=warps, num_stages=stages, prefetch=False,
         merge_block_d=pallas_merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
-        merge_warps=PALLAS_MERGE_WARPS)
-    return _with_override(default, problem.launch)
+        merge_warps=PALLAS_MERGE_WARPS, merge="separate")
+    launch = _with_override(default, problem.launch)
+    if launch.merge == "fused" and (problem.launch is None or problem.launch.merge_block_d is None):
+        launch = dataclasses.replace(launch, merge_block_d=pallas_fused_merge_block_d(
+            cfg.num_splits, problem.head_dim, launch.num_warps))
+    return launch
 
 
 def triton_tiling(problem: "SparseAttentionProblem") -> SparseAttentionConfig:
@@ -481,3 +502,25 @@ def pallas_merge_block_d(pairs: int, head_dim: int) -> int:
     if pairs <= MERGE_SPLIT_D_MAX_PAIRS and head_dim % MERGE_SMALL_BATCH_BLOCK_D == 0:
         return min(head_dim, MERGE_SMALL_BATCH_BLOCK_D)
     return head_dim
+
+
+# Values per thread of one step of the fused merge's [next_pow2(S), block_d] fp32 slab.
+FUSED_MERGE_VALUES_PER_THREAD = 64
+
+
+def pallas_fused_merge_block_d(num_splits: int, head_dim: int, warps: int) -> int:
+    """D columns per step of the fused merge (``PallasLaunch(merge="fused")``).
+
+    There one program merges G heads x D columns alone, in steps of [S_pow2, block_d]
+    partials, and each step is a dependent L2 round trip plus a cross-warp sum (a
+    barrier); fewer, larger steps shorten that chain. The largest power-of-two chunk of D
+    whose slab is at most ``FUSED_MERGE_VALUES_PER_THREAD`` fp32 values per thread (at the
+    attention kernel's warps), so that the next step's slab still fits beside it:
+    D whole (G steps) at 32/33 splits, 64 columns (4 G steps) at 65 splits with 4 warps.
+    Same arithmetic for any block (bit-identical in interpret mode).
+    """
+    budget = FUSED_MERGE_VALUES_PER_THREAD * 32 * warps
+    block = next_pow2(head_dim)
+    while block > 1 and (head_dim % block or next_pow2(num_splits) * block > budget):
+        block //= 2
+    return block

@@ -5,7 +5,9 @@ dealt to its split (tiles s, s+S, s+2S, ...), gathers the K/V rows of each tile
 straight out of the cache, and keeps an online base-2 softmax. With one split
 the program applies the sigmoid gate and writes the bf16 output itself; with
 several it writes an fp32 partial + base-2 LSE and a second Pallas kernel
-merges the splits and applies the gate.
+merges the splits and applies the gate (or, with ``PallasLaunch(merge="fused")``,
+the last split program of each (row, KV head) to finish merges them in the same
+launch: ``_merge_if_last``).
 
 Design choices (and why):
 
@@ -53,8 +55,11 @@ from qsa_jax.ops.sparse_attention.base import (
 
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
-                      masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False):
+                      masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False,
+                      fused_merge: bool = False, merge_block_d: int = 0):
     # With k/v scales a (2,) fp32 ref [score scale, output scale] precedes the outputs.
+    # With ``fused_merge`` (several splits) the zeroed arrival counters follow as an input,
+    # aliased to the last output (see _merge_if_last).
     scales_ref, out_refs = (refs[0], refs[1:]) if p.scaled else (None, refs)
     kv = p.kv
     cfg = p.config
@@ -152,10 +157,73 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
             attn_ref, lse_out_ref = residual_refs
             attn_ref[q_rows, :] = out.astype(jnp.bfloat16)
             lse_out_ref[q_rows] = lse
+    elif fused_merge:
+        _, o_ref, *residual_refs, part_ref, lse_ref, counter_ref = out_refs  # [0]: the counters input
+        part_ref[split, q_rows, :] = out
+        lse_ref[split, q_rows] = lse
+        _merge_if_last(p, part_ref, lse_ref, gate_ref, o_ref, residual_refs, counter_ref, row, head,
+                       block_d=merge_block_d, on_gpu=masked)
     else:
         part_ref, lse_ref = out_refs
         part_ref[split, q_rows, :] = out
         lse_ref[split, q_rows] = lse
+
+
+def _merge_if_last(p: SparseAttentionProblem, part_ref, lse_ref, gate_ref, o_ref, residual_refs, counter_ref,
+                   row, head, *, block_d: int, on_gpu: bool):
+    """The fused merge (``PallasLaunch(merge="fused")``), after this split program stored
+    its partial and LSE: count its arrival at (row, KV head); the program that arrives last
+    merges the G query heads of that (row, KV head) over all splits, D in ``block_d``
+    chunks, exactly as ``_merge_kernel`` does (same helpers, same order).
+
+    Memory ordering: Pallas' Triton lowering emits ``atomic_add`` as ``tt.atomic_rmw`` with
+    acq_rel semantics at GPU scope, executed by one thread of the program, and returns the
+    value before the add. The CTA barrier before it orders every thread's partial stores
+    before that thread's release; the last arrival's acquire (Triton broadcasts its result
+    to the other threads through shared memory, behind a barrier) orders its partial loads
+    after every other program's release. Checked on the sm_90 lowering (tests/test_fused_merge.py).
+    The counters start at zero every call (a zeroed buffer made by the caller).
+    """
+    num_splits = p.config.num_splits
+    block_s = next_pow2(num_splits)
+    g, heads = p.group_size, p.num_query_heads
+    if on_gpu:  # the interpreter runs programs one by one and has no barrier rule
+        plgpu.debug_barrier()
+    arrived = plgpu.atomic_add(counter_ref, row * p.num_kv_heads + head, jnp.ones((), jnp.int32))
+
+    @pl.when(arrived == num_splits - 1)
+    def _merge():
+        # Unrolled over the G heads x D chunks and software-pipelined by hand: the merge is
+        # a serial chain in one program, and each chunk's sum over splits crosses warps
+        # (a CTA barrier, which no load is moved across), so every load is issued one step
+        # ahead in program order: the next head's LSEs and gate chunks (the gate comes
+        # from HBM) while this head is merged, the next chunk's partials while this
+        # chunk is summed. Same helpers, same arithmetic per chunk as _merge_kernel.
+        split_rows = _split_rows(num_splits, block_s)
+        chunks = [pl.ds(c * block_d, block_d) for c in range(p.head_dim // block_d)]
+        steps = [(i, c) for i in range(g) for c in range(len(chunks))]
+        qrow = lambda i: row * heads + head * g + i  # noqa: E731
+
+        def head_loads(i):
+            return _load_lse(lse_ref, qrow(i), split_rows), [gate_ref[qrow(i), cols] for cols in chunks]
+
+        def partial(step):
+            i, c = steps[step]
+            return part_ref[split_rows[0], qrow(i), chunks[c]]
+
+        next_head, next_partial = head_loads(0), partial(0)
+        for step, (i, c) in enumerate(steps):
+            if c == 0:
+                (lse, gates), weights = next_head, None
+                if i + 1 < g:
+                    next_head = head_loads(i + 1)
+            this_partial = next_partial
+            if step + 1 < len(steps):
+                next_partial = partial(step + 1)
+            if weights is None:
+                weights = _merge_weights(lse, split_rows)
+            _merge_columns(this_partial, lambda gate=gates[c]: gate, o_ref, residual_refs, qrow(i), chunks[c],
+                           split_rows, weights)
 
 
 def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request_ok, safe_request,
@@ -204,32 +272,56 @@ def _gated(attention, gate_fp32):
     return (rounded * (1.0 / (1.0 + jnp.exp(-gate_fp32)))).astype(jnp.bfloat16)
 
 
-def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits: int, block_s: int,
-                  block_d: int):
-    # One program per (row * H + head, D chunk): weights exp2(lse - max lse) over splits.
-    qrow = pl.program_id(0)
-    cols = pl.ds(pl.program_id(1) * block_d, block_d)
+def _split_rows(num_splits: int, block_s: int):
+    """The merge's [S_pow2] split rows: clamped to S-1 past the real splits, and which are real."""
     splits = lax.broadcasted_iota(jnp.int32, (block_s,), 0)
     in_range = splits < num_splits
-    safe_splits = jnp.minimum(splits, num_splits - 1)
-    lse = jnp.where(in_range, lse_ref[safe_splits, qrow], -jnp.inf)
+    return jnp.minimum(splits, num_splits - 1), in_range
+
+
+def _load_lse(lse_ref, qrow, split_rows):
+    safe_splits, in_range = split_rows
+    return jnp.where(in_range, lse_ref[safe_splits, qrow], -jnp.inf)
+
+
+def _merge_weights(lse, split_rows):
+    """Weights exp2(lse - max lse) over the splits of one query row, their sum and the max.
+    The merge kernel and the fused merge share these helpers: same arithmetic, same order."""
+    _, in_range = split_rows
     lse_max = jnp.max(lse)
     has_values = lse_max > -jnp.inf
     weights = jnp.where(in_range & has_values, jnp.exp2(lse - jnp.where(has_values, lse_max, 0.0)), 0.0)
-    denominator = jnp.sum(weights)
-    partial = part_ref[safe_splits, qrow, cols]  # [S_pow2, block_d] fp32
+    return weights, jnp.sum(weights), lse_max
+
+
+def _merge_columns(partial, load_gate, o_ref, residual_refs, qrow, cols, split_rows, merge_weights):
+    """Merge the splits' ``partial`` [S_pow2, block_d] of query row ``qrow``, columns ``cols``;
+    gate (``load_gate()``: the gate chunk, loaded there or earlier); store."""
+    _, in_range = split_rows
+    weights, denominator, lse_max = merge_weights
     # Out-of-range splits re-read split S-1; zero them with where (weight 0
     # alone would keep a NaN/inf partial, which cannot occur, but be exact).
     partial = jnp.where(in_range[:, None], partial, 0.0)
     merged = jnp.sum(partial * weights[:, None], axis=0)
     merged = jnp.where(denominator > 0, merged / jnp.where(denominator > 0, denominator, 1.0), 0.0)
-    gate = gate_ref[qrow, cols].astype(jnp.float32)
+    gate = load_gate().astype(jnp.float32)
     o_ref[qrow, cols] = _gated(merged, gate)
     if residual_refs:  # for the backward pass; every D chunk stores the same LSE
         attn_ref, lse_out_ref = residual_refs
         attn_ref[qrow, cols] = merged.astype(jnp.bfloat16)
         lse_out_ref[qrow] = jnp.where(
             denominator > 0, lse_max + jnp.log2(jnp.where(denominator > 0, denominator, 1.0)), -jnp.inf)
+
+
+def _merge_kernel(part_ref, lse_ref, gate_ref, o_ref, *residual_refs, num_splits: int, block_s: int,
+                  block_d: int):
+    # One program per (row * H + head, D chunk): weights exp2(lse - max lse) over splits.
+    qrow = pl.program_id(0)
+    cols = pl.ds(pl.program_id(1) * block_d, block_d)
+    split_rows = _split_rows(num_splits, block_s)
+    weights = _merge_weights(_load_lse(lse_ref, qrow, split_rows), split_rows)
+    _merge_columns(part_ref[split_rows[0], qrow, cols], lambda: gate_ref[qrow, cols], o_ref, residual_refs,
+                   qrow, cols, split_rows, weights)
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
@@ -245,7 +337,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         return (out, out, jnp.zeros((0, heads), jnp.float32)) if residuals else out
     result = split_kernel(p, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
                           scales, residuals=residuals)
-    if p.config.num_splits == 1:
+    if p.config.num_splits == 1 or pallas_launch(p).merge == "fused":
         if residuals:
             out, attention, lse = result
             return out.reshape(rows, heads, d), attention.reshape(rows, heads, d), lse.reshape(rows, heads)
@@ -256,8 +348,9 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
 
 def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                  token_to_req, output_gate, scales=None, *, residuals: bool = False):
-    """The attention kernel alone: bf16 output [rows*H, D] with one split, else the
-    fp32 partials [S, rows*H, D] and base-2 LSEs [S, rows*H] for ``merge_kernel``.
+    """The attention kernel alone: bf16 output [rows*H, D] with one split or the fused
+    merge (``PallasLaunch.merge``), else the fp32 partials [S, rows*H, D] and base-2 LSEs
+    [S, rows*H] for ``merge_kernel``.
     The fp8 K conversion order follows ``config.pallas_fp8_keys_via_f16`` (bit-identical)."""
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
@@ -276,28 +369,43 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     gate2 = output_gate.reshape(rows * heads, d)
 
     one_split = num_splits == 1
+    fused = not one_split and launch.merge == "fused"
+    output = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
+    output = (output, output, jax.ShapeDtypeStruct((rows * heads,), jnp.float32)) if residuals else (output,)
+    partials = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
+                jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
     if one_split:
-        out_shape = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
-        if residuals:
-            out_shape = (out_shape, out_shape, jax.ShapeDtypeStruct((rows * heads,), jnp.float32))
+        out_shape = output if residuals else output[0]
+    elif fused:  # the merged output(s), the partials (scratch), the arrival counters
+        out_shape = output + partials + (jax.ShapeDtypeStruct((rows * p.num_kv_heads,), jnp.int32),)
     else:
-        out_shape = (jax.ShapeDtypeStruct((num_splits, rows * heads, d), jnp.float32),
-                     jax.ShapeDtypeStruct((num_splits, rows * heads), jnp.float32))
+        out_shape = partials
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
                                masked=not interpreted, prefetch=launch.prefetch,
-                               fp8_keys_via_f16=config.pallas_fp8_keys_via_f16())
+                               fp8_keys_via_f16=config.pallas_fp8_keys_via_f16(),
+                               fused_merge=fused, merge_block_d=launch.merge_block_d)
     inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     inputs += (scales,) if p.scaled else ()
-    return pl.pallas_call(
+    aliases = {}
+    if fused:
+        # Zeroed per call (a memset on the GPU): the kernel counts arrivals into it in place.
+        aliases = {len(inputs): len(out_shape) - 1}
+        inputs += (jnp.zeros((rows * p.num_kv_heads,), jnp.int32),)
+    result = pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(rows, p.num_kv_heads, num_splits),
         in_specs=[pl.no_block_spec] * len(inputs),
         out_specs=jax.tree.map(lambda _: pl.no_block_spec, out_shape),
+        input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=launch.num_warps, num_stages=launch.num_stages),
         interpret=interpreted,
         name="qsa_sparse_attention",
     )(*inputs)
+    if fused:
+        merged = result[:len(output)]
+        return merged if residuals else merged[0]
+    return result
 
 
 def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, residuals: bool = False):
