@@ -230,8 +230,8 @@ def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request
                         cols, limit, head_offset):
     """Cache rows and validity of selection columns ``cols`` [BN] of ``row`` (index and
     block-table loads, always in bounds). Columns at or past ``limit`` count as padding
-    (-1): W in the forward, the consumed-column end in the backward. Shared by the
-    forward and backward kernels, so both read exactly the same entries."""
+    (-1): W here. The backward resolves the same entries with the same rules once in XLA
+    (``backward_pallas.entry_lists`` / ``entry_rows``), so both read the same cache rows."""
     kv = p.kv
     # Columns >= W (last partial tile) read a clamped column, then become -1.
     tokens = idx_ref[row, jnp.minimum(cols, p.selection_width - 1)]
