@@ -7,10 +7,25 @@ functions are also the bodies of the torch custom ops (``_torch_ops``).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from qsa_torch_shim import _ffi_fence as F
 from qsa_torch_shim import _interop as I
 from qsa_torch_shim import _jax_side as J
+
+_NO_WAIT = contextlib.nullcontext()
+
+
+def _ordered(ffi: bool, device: torch.device):
+    """Context for the dispatch of one jitted call: the FFI wait's bookkeeping when
+    that fence is active (``_ffi_fence``), else nothing (the call's arguments hold
+    the fresh import that orders it)."""
+    if ffi:
+        return F.after_torch(device)
+    F.FENCE.imported += 1
+    return _NO_WAIT
 
 
 def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
@@ -62,12 +77,18 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
             I.import_arg(gate, "output_gate"),
             None if scales is None else J.scale_arrays(scales, q))
     flag = bool(use_prefill_config)
+    ffi = F.active(q.device)
+    static = dict(use_prefill_config=flag, implementation=implementation,
+                  table=J.TILING_TABLE[0], ffi_fence=ffi)
     if out is not None and I.is_importable(out):
-        result = J.sparse_into(I.to_jax(out), *args, use_prefill_config=flag,
-                               implementation=implementation, table=J.TILING_TABLE[0])
+        dest = I.to_jax(out, ordered=not ffi)
+        with _ordered(ffi, q.device):
+            result, _ = J.sparse_into(dest, *args, **static)
         return _write_back(result, out, "out")
-    result = I.to_torch(J.sparse_new(I.stream_fence(q.device), *args, use_prefill_config=flag,
-                                     implementation=implementation, table=J.TILING_TABLE[0]))
+    fence = None if ffi else I.stream_fence(q.device)
+    with _ordered(ffi, q.device):
+        result, _ = J.sparse_new(fence, *args, **static)
+    result = I.to_torch(result)
     if out is None:
         return result
     I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
@@ -79,17 +100,20 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
     if not rows.shape[0]:
         return
     slots, slot_words = I.int_words(slot_mapping.reshape(-1), "slot_mapping")
-    rows_j = I.import_arg(rows, "rows")  # cached; the donated cache's fresh import is the fence
-    if I.is_importable(cache):
-        result = J.store_into(I.to_jax(cache), slots, rows_j, slots_are_words=slot_words,
-                              implementation=implementation)
+    rows_j = I.import_arg(rows, "rows")  # cached; ordered by the cache's fresh import or the FFI wait
+    ffi = F.active(cache.device)
+    in_place = I.is_importable(cache)
+    if not in_place:
+        I.warn_copy("cache", "is not compact/aligned, so JAX cannot update it in place")
+    dest = cache if in_place else cache.contiguous().clone()
+    dest_j = I.to_jax(dest, ordered=not ffi)
+    with _ordered(ffi, cache.device):
+        result, _ = J.store_into(dest_j, slots, rows_j, slots_are_words=slot_words,
+                                 implementation=implementation, ffi_fence=ffi)
+    if in_place:
         _write_back(result, cache, "cache")
-        return
-    I.warn_copy("cache", "is not compact/aligned, so JAX cannot update it in place")
-    work = cache.contiguous().clone()
-    result = J.store_into(I.to_jax(work), slots, rows_j, slots_are_words=slot_words,
-                          implementation=implementation)
-    cache.copy_(I.to_torch(result))
+    else:
+        cache.copy_(I.to_torch(result))
 
 
 
@@ -145,10 +169,13 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
     qsl, qsl_w = I.int_words(query_start_loc, "query_start_loc")
     lp, lp_w = I.int_words(logical_positions, "logical_positions")
     slots, cs_w = I.int_words(compressed_slots, "compressed_slots")
-    pooled, first = J.compress(
-        I.stream_fence(raw_keys.device), I.import_arg(raw_keys, "raw_keys"), positions, ring, rope_words, bt, ttr, qsl,
-        lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
-        words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
-        implementation=implementation)
+    ffi = F.active(raw_keys.device)
+    fence = None if ffi else I.stream_fence(raw_keys.device)
+    keys = I.import_arg(raw_keys, "raw_keys")
+    with _ordered(ffi, raw_keys.device):
+        (pooled, first), _ = J.compress(
+            fence, keys, positions, ring, rope_words, bt, ttr, qsl, lp, slots,
+            ring_layout=ring_layout, rope_mode=rope_mode, words=(bt_w, ttr_w, qsl_w, lp_w, cs_w),
+            compress_ratio=int(compress_ratio), implementation=implementation, ffi_fence=ffi)
     return I.to_torch(pooled), I.words_to_int64_tensor(first)
 

@@ -1,0 +1,389 @@
+"""torch -> XLA stream order through an XLA FFI custom call, with no compiled extension.
+
+The per-call alternative to the fence import (``_interop.stream_fence`` and the
+fresh import of a donated ``out``/cache): each jitted call of the shim starts
+with a custom call (``TARGET``) whose handler makes XLA's stream wait on a CUDA
+event that the shim recorded on torch's current stream just before the call.
+
+* No compiler: the handler is a ``ctypes.CFUNCTYPE`` function implementing the
+  C signature of an XLA FFI handler, ``XLA_FFI_Error* (XLA_FFI_CallFrame*)``,
+  registered with ``jax.ffi.register_ffi_target`` (typed FFI, api_version=1).
+  The structures below follow jaxlib's shipped header
+  (``jax.ffi.include_dir()/xla/ffi/api/c_api.h``, FFI API 0.4 in jaxlib 0.11.2).
+  XLA's stream comes from the call frame (``XLA_FFI_Stream_Get``); the wait is
+  ``cudaStreamWaitEvent`` from the CUDA runtime torch has loaded.
+* Which event: one per call, handed over through a FIFO per device. The shim
+  records an event and appends it under a lock that also covers the dispatch
+  of the jitted call; the handler pops from the left. PJRT runs one device's
+  executions in dispatch order, so call N's handler pops call N's event
+  whether it runs inside the dispatch or later on a launch thread. A single
+  reused event would be wrong with an asynchronous launch: a later record
+  (made for call N+1, after torch was told to wait for call N's result) seen
+  by call N's handler would make XLA wait for torch and torch for XLA.
+  A dispatch that raises removes its own event again (nothing ran); an empty
+  FIFO in the handler is an XLA error, not a silent skip.
+* The handler runs Python, so it takes the GIL on XLA's thread. jaxlib drops
+  the GIL while the export of the result waits for the launch
+  (``torch.from_dlpack`` -> ``BufferToDLPackManagedTensor``), and the shim
+  always exports (or returns) right after the dispatch, so the handler is not
+  left waiting for the GIL behind a busy Python thread.
+* Command buffers: the target is registered without the command-buffer
+  trait, so XLA runs it as a plain thunk on its stream, never inside a CUDA
+  graph it captures. The shim refuses calls while torch's current stream is
+  capturing a CUDA graph (the recorded event would pull XLA's stream into
+  torch's capture).
+* CPU: the same target is registered for the host platform; its handler only
+  pops the FIFO and counts, so CPU tests run the whole path (the custom call,
+  the barrier, the bookkeeping) without a GPU.
+
+Selection: ``QSA_SHIM_FENCE=ffi`` (or ``qsa_torch_shim.set_stream_fence("ffi")``);
+the default is ``"import"``, today's fence, until the GPU race test has passed
+with the FFI fence. When the FFI fence cannot be set up (no CUDA runtime found,
+registration refused by another jaxlib) the shim uses the fence import and
+``FENCE.reason`` says why; ``FENCE`` counts which fence each call used.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import itertools
+import os
+import threading
+
+import jax
+import torch
+
+from qsa_torch_shim import _private_api
+
+TARGET = "qsa_shim_wait_for_torch"
+MODES = ("import", "ffi")
+# The FFI API version whose structure layouts this module follows (jaxlib 0.11.2's c_api.h);
+# it is what the handler reports when XLA asks for its metadata at registration.
+FFI_API_VERSION = (0, 4)
+
+_METADATA_EXTENSION = 1   # XLA_FFI_Extension_Metadata
+_STAGE_EXECUTE = 3        # XLA_FFI_ExecutionStage_EXECUTE
+_ERROR_INTERNAL = 13      # XLA_FFI_Error_Code_INTERNAL
+_EVENT_DISABLE_TIMING = 2  # cudaEventDisableTiming: a pure ordering event is cheaper to record
+
+
+# --- the C structures (layouts from c_api.h) ----------------------------------------------
+
+class _Extension(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int),
+                ("next", ctypes.c_void_p)]
+
+
+class _ApiVersion(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("major_version", ctypes.c_int), ("minor_version", ctypes.c_int)]
+
+
+class _Metadata(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("api_version", _ApiVersion),
+                ("traits", ctypes.c_uint32)]
+
+
+class _MetadataExtension(ctypes.Structure):
+    _fields_ = [("extension_base", _Extension), ("metadata", ctypes.POINTER(_Metadata))]
+
+
+_API_FUNCTIONS = (
+    "Error_Create", "Error_GetDetails", "Error_Destroy", "Handler_Register", "Stream_Get",
+    "Type_Register", "InvokeContext_Get", "State_Set", "State_Get", "DeviceMemory_Allocate",
+    "DeviceMemory_Free", "ThreadPool_Schedule", "ThreadPool_NumThreads", "Future_Create",
+    "Future_SetAvailable", "Future_SetError", "RunId_Get", "DeviceOrdinal_Get",
+    "InvokeContext_FindExtension")
+
+
+class _Api(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("api_version", _ApiVersion), ("internal_api", ctypes.c_void_p)] + [
+                    (name, ctypes.c_void_p) for name in _API_FUNCTIONS]
+
+
+class _CallFrame(ctypes.Structure):
+    # Only the head of XLA_FFI_CallFrame: the handler takes no arguments or attributes.
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("extension_start", ctypes.POINTER(_Extension)),
+                ("api", ctypes.POINTER(_Api)), ("ctx", ctypes.c_void_p), ("stage", ctypes.c_int)]
+
+
+class _StreamGetArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("ctx", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
+
+
+class _DeviceOrdinalGetArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("ctx", ctypes.c_void_p), ("device_ordinal", ctypes.c_int32)]
+
+
+class _ErrorCreateArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("message", ctypes.c_char_p), ("errc", ctypes.c_int)]
+
+
+def _struct_size(struct, last_field: str) -> int:
+    """XLA_FFI_STRUCT_SIZE: offset of the last field plus its size (no tail padding)."""
+    field = getattr(struct, last_field)
+    return field.offset + field.size
+
+
+_HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))
+_ERROR_CREATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_ErrorCreateArgs))
+_STREAM_GET = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_StreamGetArgs))
+_ORDINAL_GET = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_DeviceOrdinalGetArgs))
+# XLA's API table has the size it was built with: the handler reads a function
+# pointer only when the table reaches past it.
+_API_NEEDS = {name: getattr(_Api, name).offset + ctypes.sizeof(ctypes.c_void_p)
+              for name in ("Error_Create", "Stream_Get", "DeviceOrdinal_Get")}
+
+
+# --- bookkeeping -------------------------------------------------------------------------
+
+class FencePaths:
+    """Which per-call fence ran, how often the handler ran, and why the FFI fence is off."""
+
+    def __init__(self):
+        self.ffi = 0          # calls ordered by the FFI wait
+        self.imported = 0     # calls ordered by the fence import (or a donated fresh import)
+        self.handled = 0      # handler executions (pops), CPU and GPU
+        self.reason: str | None = None  # why the FFI fence is unavailable, once tried
+        # The thread that ran the last handler: the caller's when PJRT launches inside
+        # the dispatch, another one when it launches asynchronously (tools/profile_shim.py).
+        self.handler_thread: int | None = None
+
+    def reset(self) -> None:
+        self.ffi = self.imported = self.handled = 0
+
+
+FENCE = FencePaths()
+
+
+def mode_from_env(environ) -> str:
+    """The fence ``QSA_SHIM_FENCE`` selects; "import" when unset."""
+    chosen = environ.get("QSA_SHIM_FENCE", "").strip().lower() or "import"
+    if chosen not in MODES:
+        raise ValueError(f"QSA_SHIM_FENCE must be one of {MODES}; got {chosen!r}")
+    return chosen
+
+
+_MODE = [mode_from_env(os.environ)]
+
+# Pending events per (platform, device ordinal), popped by the handler in dispatch order.
+_PENDING: dict[tuple[str, int], collections.deque] = collections.defaultdict(collections.deque)
+# Recycled events per CUDA device: an event may be re-recorded once its wait was enqueued
+# (cudaStreamWaitEvent captures the record current at the time of the call).
+_SPARE: dict[int, list] = collections.defaultdict(list)
+_LOCK = threading.Lock()
+_CPU_TOKENS = itertools.count(1)
+# Test hook (the GPU negative control): the handler pops but does not wait.
+SKIP_WAIT = [False]
+_STATE: dict = {}  # "registered": {platform: bool}, "cudart": ctypes library, "handlers": keep-alive
+
+
+def set_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"stream fence must be one of {MODES}; got {mode!r}")
+    _MODE[0] = mode
+
+
+def mode() -> str:
+    return _MODE[0]
+
+
+# --- the handler ---------------------------------------------------------------------------
+
+def _answer_metadata(frame) -> bool:
+    """XLA asks each handler for its FFI version at registration (a metadata extension)."""
+    ext = frame.extension_start
+    if not ext or ext.contents.type != _METADATA_EXTENSION:
+        return False
+    metadata = ctypes.cast(ext, ctypes.POINTER(_MetadataExtension)).contents.metadata.contents
+    metadata.api_version.major_version, metadata.api_version.minor_version = FFI_API_VERSION
+    metadata.traits = 0  # not command-buffer compatible: never captured into XLA's CUDA graphs
+    return True
+
+
+def _error(frame, message: str) -> int | None:
+    api = frame.api.contents
+    if api.struct_size < _API_NEEDS["Error_Create"] or not api.Error_Create:
+        return None  # cannot report; the caller counted the failure
+    text = _STATE.setdefault("messages", {}).setdefault(message, message.encode())
+    args = _ErrorCreateArgs(_struct_size(_ErrorCreateArgs, "errc"), None, text, _ERROR_INTERNAL)
+    return _ERROR_CREATE(api.Error_Create)(ctypes.byref(args))
+
+
+def _pop(key):
+    try:
+        entry = _PENDING[key].popleft()
+    except IndexError:
+        return None
+    FENCE.handled += 1
+    FENCE.handler_thread = threading.get_ident()
+    return entry
+
+
+def _cpu_handler(frame_ptr):
+    frame = frame_ptr.contents
+    try:
+        if _answer_metadata(frame) or frame.stage != _STAGE_EXECUTE:
+            return None
+        if _pop(("cpu", 0)) is None:
+            return _error(frame, f"{TARGET}: no pending entry (the shim's fence bookkeeping "
+                                 "is out of step)")
+        return None
+    except Exception as exc:  # an exception must not escape into XLA's thread
+        return _error(frame, f"{TARGET}: {type(exc).__name__}: {exc}")
+
+
+def _gpu_handler(frame_ptr):
+    frame = frame_ptr.contents
+    try:
+        if _answer_metadata(frame) or frame.stage != _STAGE_EXECUTE:
+            return None
+        api = frame.api.contents
+        if api.struct_size < _API_NEEDS["DeviceOrdinal_Get"]:
+            return _error(frame, f"{TARGET}: XLA's FFI API table lacks DeviceOrdinal_Get")
+        ordinal_args = _DeviceOrdinalGetArgs(
+            _struct_size(_DeviceOrdinalGetArgs, "device_ordinal"), None, frame.ctx, -1)
+        if _ORDINAL_GET(api.DeviceOrdinal_Get)(ctypes.byref(ordinal_args)):
+            return _error(frame, f"{TARGET}: DeviceOrdinal_Get failed")
+        ordinal = ordinal_args.device_ordinal
+        stream_args = _StreamGetArgs(_struct_size(_StreamGetArgs, "stream"), None, frame.ctx, None)
+        if _STREAM_GET(api.Stream_Get)(ctypes.byref(stream_args)):
+            return _error(frame, f"{TARGET}: Stream_Get failed")
+        event = _pop(("gpu", ordinal))
+        if event is None:
+            return _error(frame, f"{TARGET}: no pending torch event for device {ordinal} (the "
+                                 "shim's fence bookkeeping is out of step)")
+        if not SKIP_WAIT[0]:
+            rc = _STATE["cudart"].cudaStreamWaitEvent(stream_args.stream, event, 0)
+            if rc:
+                return _error(frame, f"{TARGET}: cudaStreamWaitEvent returned {rc}")
+        _SPARE[ordinal].append(event)
+        return None
+    except Exception as exc:  # an exception must not escape into XLA's thread
+        return _error(frame, f"{TARGET}: {type(exc).__name__}: {exc}")
+
+
+# --- set-up ---------------------------------------------------------------------------------
+
+def _load_cudart():
+    """The CUDA runtime library torch loaded (found in the process map), else by name."""
+    candidates = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if "libcudart.so" in os.path.basename(path) and path not in candidates:
+                    candidates.append(path)
+    except OSError:
+        pass
+    version = (torch.version.cuda or "").split(".")[0]
+    candidates += [f"libcudart.so.{version}"] if version else []
+    candidates.append("libcudart.so")
+    errors = []
+    for name in candidates:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        vp, ui = ctypes.c_void_p, ctypes.c_uint
+        lib.cudaEventCreateWithFlags.argtypes = [ctypes.POINTER(vp), ui]
+        lib.cudaEventRecord.argtypes = [vp, vp]
+        lib.cudaStreamWaitEvent.argtypes = [vp, vp, ui]
+        for fn in (lib.cudaEventCreateWithFlags, lib.cudaEventRecord, lib.cudaStreamWaitEvent):
+            fn.restype = ctypes.c_int
+        return lib
+    raise OSError("no CUDA runtime library found: " + "; ".join(errors))
+
+
+def _register(platform: str) -> bool:
+    """Register the handler for ``platform`` ("cpu" or "gpu") once; False (with
+    ``FENCE.reason``) when that is not possible here."""
+    registered = _STATE.setdefault("registered", {})
+    if platform in registered:
+        return registered[platform]
+    registered[platform] = False
+    try:
+        # Backends first: a registration made before they exist is applied when they are
+        # created, where an error would break JAX's backend start instead of raising here.
+        jax.devices(platform)
+        if platform == "gpu":
+            _STATE["cudart"] = _load_cudart()
+        handler = _HANDLER(_cpu_handler if platform == "cpu" else _gpu_handler)
+        _STATE.setdefault("handlers", []).append(handler)  # the C pointer lives as long as this
+        capsule = jax.ffi.pycapsule(ctypes.cast(handler, ctypes.c_void_p).value)
+        jax.ffi.register_ffi_target(TARGET, capsule, platform=platform, api_version=1)
+    except Exception as exc:  # noqa: BLE001 - any failure means: use the fence import
+        FENCE.reason = f"{platform}: {type(exc).__name__}: {exc}"
+        return False
+    registered[platform] = True
+    return True
+
+
+def active(device: torch.device) -> bool:
+    """Whether this call is ordered by the FFI wait (mode "ffi" and the handler registered)."""
+    if _MODE[0] != "ffi":
+        return False
+    return _register("gpu" if device.type == "cuda" else "cpu")
+
+
+def _new_event(index: int):
+    event = ctypes.c_void_p()
+    with torch.cuda.device(index):
+        rc = _STATE["cudart"].cudaEventCreateWithFlags(ctypes.byref(event), _EVENT_DISABLE_TIMING)
+    if rc:
+        raise RuntimeError(f"qsa_torch_shim: cudaEventCreateWithFlags returned {rc}")
+    return event.value
+
+
+def _push(device: torch.device):
+    """Record this call's event on torch's current stream and queue it for the handler."""
+    if device.type != "cuda":
+        entry = next(_CPU_TOKENS)
+        _PENDING[("cpu", 0)].append(entry)
+        return ("cpu", 0), entry
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("qsa_torch_shim: JAX calls cannot be captured in a CUDA graph; call "
+                           "the shim outside graph capture")
+    spare = _SPARE[index]
+    event = spare.pop() if spare else _new_event(index)
+    rc = _STATE["cudart"].cudaEventRecord(event, _private_api.current_raw_stream(index))
+    if rc:
+        spare.append(event)
+        raise RuntimeError(f"qsa_torch_shim: cudaEventRecord returned {rc}")
+    key = ("gpu", index)
+    _PENDING[key].append(event)
+    return key, event
+
+
+@contextlib.contextmanager
+def after_torch(device: torch.device):
+    """Wrap the dispatch of one jitted call that contains the FFI wait.
+
+    Records and queues this call's event, and holds the lock until the dispatch
+    returns, so that the FIFO order is the dispatch order across threads. Only
+    the dispatch belongs inside: a dispatch that raises ran nothing, so its
+    entry is taken back.
+    """
+    with _LOCK:
+        key, entry = _push(device)
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                _PENDING[key].remove(entry)  # ValueError: the handler took it (it ran)
+            raise
+    FENCE.ffi += 1
+
+
+def pending() -> int:
+    """Events queued but not yet taken by a handler (0 between calls once launched)."""
+    return sum(len(q) for q in _PENDING.values())

@@ -1,0 +1,187 @@
+"""The shim's per-call stream fence: the FFI wait (``_ffi_fence``) and the fence import.
+
+On CPU the FFI handler only counts and keeps the bookkeeping in step, but the
+whole path runs: the custom call inside each jitted call, the barrier in front
+of every input, the FIFO between the dispatch and the handler, the fallback.
+The ordering itself is proved on the GPU by the race tests in test_shim.py
+(``test_gpu_stream_race[...-ffi]`` and its negative control).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import qsa_torch_shim as S
+from qsa_testing import cases as C
+from qsa_testing import golden
+from qsa_testing.torch_interop import kv_views, to_torch
+from qsa_torch_shim import _ffi_fence as F
+from qsa_torch_shim import _interop as I
+from qsa_torch_shim import _jax_side as J
+
+
+@pytest.fixture
+def fence_mode():
+    """Set the fence for one test and put the previous one back."""
+    previous = F.mode()
+
+    def use(mode):
+        S.set_stream_fence(mode)
+        F.FENCE.reset()
+
+    yield use
+    F.set_mode(previous)
+
+
+def _every_op(seed: int):
+    """One call of each operator through the shim (random inputs from ``seed``); returns
+    the results."""
+    rng = np.random.default_rng(seed)
+    case = C.sparse_attention_case(rng, rows=3, num_query_heads=4, num_kv_heads=2, head_dim=16,
+                                   page_size=8, selection_blocks=4, context_tokens=32)
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    kv = t(case.kv_cache)
+    k, v = kv_views(kv, case.head_dim)
+    args = (t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req),
+            False)
+    gate = t(case.output_gate)
+    store = C.store_case(rng, n=12, pages=3, page_size=8, width=140)
+    cache = t(store.cache)
+    comp = C.compress_case(rng, chunk_lens=[5, 1, 3], with_rope=True, ring=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", S.ShimCopyWarning)  # CPU ignores donation
+        new = S.qsa_sparse_paged_attention(*args, output_gate=gate)
+        out = S.qsa_sparse_paged_attention(*args, torch.full_like(args[0], float("nan")),
+                                           output_gate=gate)
+        S.qsa_store_cache_rows(cache, t(store.slot_mapping.astype(np.int64)), t(store.rows))
+        pooled, first = S.qsa_compress_groups_with_ratio(
+            t(comp.raw_keys), t(comp.raw_positions.astype(np.int64)),
+            t(comp.compressor_state_cache), t(comp.compressor_state_block_table),
+            t(comp.token_to_req), t(comp.query_start_loc), t(comp.logical_positions),
+            t(comp.compressed_slots), comp.compress_ratio, t(comp.rope_cache.astype(np.int64)))
+    return new, out, cache, pooled, first
+
+
+def _fresh_seed() -> int:
+    return int(np.random.SeedSequence().entropy % 2**32)
+
+
+CALLS = 4  # sparse (new), sparse (out=), store, compress
+
+
+def _bits(t):
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def test_ffi_wait_runs_inside_every_jitted_call(fence_mode):
+    """With the FFI fence each call's handler runs once inside the jitted call (CPU: it
+    counts), no fence import is made, nothing stays queued, and the results are the
+    fence import's, bit for bit (same fresh random inputs)."""
+    seed = _fresh_seed()
+    fence_mode("ffi")
+    with_ffi = _every_op(seed)
+    assert F.FENCE.reason is None, F.FENCE.reason
+    assert (F.FENCE.ffi, F.FENCE.handled, F.FENCE.imported) == (CALLS, CALLS, 0), vars(F.FENCE)
+    assert F.pending() == 0
+    fence_mode("import")
+    with_import = _every_op(seed)
+    assert (F.FENCE.ffi, F.FENCE.handled, F.FENCE.imported) == (0, 0, CALLS), vars(F.FENCE)
+    for a, b in zip(with_ffi, with_import):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_import_fence_is_the_default():
+    """Until the FFI fence has passed the GPU race test, the default is the import."""
+    assert F.mode_from_env({}) == "import"
+    assert F.mode_from_env({"QSA_SHIM_FENCE": " FFI "}) == "ffi"
+    with pytest.raises(ValueError, match="QSA_SHIM_FENCE"):
+        F.mode_from_env({"QSA_SHIM_FENCE": "event"})
+    with pytest.raises(ValueError, match="stream fence"):
+        S.set_stream_fence("event")
+
+
+def test_every_input_waits_behind_the_ffi_call():
+    """In the lowered program each argument's only use is the optimization barrier that
+    also takes the FFI call's token: nothing reads an input before the wait."""
+    case = C.sparse_attention_case(np.random.default_rng(), rows=2, num_query_heads=4,
+                                   num_kv_heads=2, head_dim=16, page_size=8, selection_blocks=4,
+                                   context_tokens=32)
+    arrays = [jax.numpy.asarray(x) for x in (case.q, case.kv_cache, case.logical_indices,
+                                             case.block_table, case.token_to_req, case.output_gate)]
+    q, kv, li, bt, ttr, gate = arrays
+    for fn, lead in ((J.sparse_new, None), (J.sparse_into, jax.numpy.zeros_like(q))):
+        text = fn.lower(lead, q, (kv,), li, bt, ttr, gate, use_prefill_config=False,
+                        implementation=None, ffi_fence=True).as_text()
+        main = text[text.index("func.func public @main"):]
+        main = main[:main.index("\n  }")]
+        assert f'stablehlo.custom_call @{F.TARGET}' in main, main
+        barrier = next(line for line in main.splitlines() if "optimization_barrier" in line)
+        params = re.findall(r"%arg\d+", main.splitlines()[0])
+        for p in params[1:]:  # params[0]: the fence / the donated out, never read
+            users = [line for line in main.splitlines()[1:] if re.search(rf"{p}\b", line)]
+            assert users == [barrier], (p, users)
+
+
+def test_fallback_to_the_import_when_the_ffi_target_cannot_register(fence_mode, monkeypatch):
+    """Says which path ran and why: a refused registration leaves the fence import."""
+    def refused(*args, **kwargs):
+        raise RuntimeError("simulated: no FFI here")
+
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", refused)
+    monkeypatch.setitem(F._STATE, "registered", {})
+    monkeypatch.setattr(F.FENCE, "reason", None)
+    seed = _fresh_seed()
+    fence_mode("ffi")
+    got = _every_op(seed)
+    assert (F.FENCE.ffi, F.FENCE.handled, F.FENCE.imported) == (0, 0, CALLS), vars(F.FENCE)
+    assert "simulated" in F.FENCE.reason
+    fence_mode("import")
+    want = _every_op(seed)
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_a_failed_dispatch_takes_its_event_back(fence_mode, monkeypatch):
+    """A dispatch that raises ran nothing: its queued entry is removed, and the next
+    call's handler takes the next call's entry (not a stale one)."""
+    fence_mode("ffi")
+    real = J.sparse_new
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated dispatch failure")
+
+    monkeypatch.setattr(J, "sparse_new", broken)
+    case = next(c for c, _ in golden.sparse_attention_cases() if c.name == "tp1_r3_s64_full")
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    k, v = kv_views(t(case.kv_cache), case.head_dim)
+    args = (t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req),
+            False)
+    with pytest.raises(RuntimeError, match="simulated"):
+        S.qsa_sparse_paged_attention(*args, output_gate=t(case.output_gate))
+    assert F.pending() == 0
+    monkeypatch.setattr(J, "sparse_new", real)
+    S.qsa_sparse_paged_attention(*args, output_gate=t(case.output_gate))
+    assert F.FENCE.reason is None, F.FENCE.reason
+    assert F.pending() == 0 and F.FENCE.handled == 1
+    I.clear_import_cache()
+
+
+def test_handler_refuses_an_out_of_step_fifo(fence_mode):
+    """A jitted call with the wait but no queued entry fails loudly (an XLA error from the
+    handler), instead of running unordered."""
+    fence_mode("ffi")
+    assert F.active(torch.device("cpu"))
+    assert F.pending() == 0
+    jnp = jax.numpy
+    with pytest.raises(Exception, match="out of step"):
+        jax.block_until_ready(J.store_into(
+            jnp.zeros((2, 4, 1, 16), jnp.bfloat16), jnp.arange(3, dtype=jnp.int32),
+            jnp.ones((3, 16), jnp.bfloat16), slots_are_words=False, implementation=None,
+            ffi_fence=True))
+    assert F.FENCE.handled == 0
