@@ -7,25 +7,21 @@ functions are also the bodies of the torch custom ops (``_torch_ops``).
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from qsa_torch_shim import _ffi_fence as F
 from qsa_torch_shim import _interop as I
 from qsa_torch_shim import _jax_side as J
 
-_NO_WAIT = contextlib.nullcontext()
 
-
-def _ordered(ffi: bool, device: torch.device):
-    """Context for the dispatch of one jitted call: the FFI wait's bookkeeping when
-    that fence is active (``_ffi_fence``), else nothing (the call's arguments hold
+def _dispatch(ffi: bool, device: torch.device, call, *args, **kwargs):
+    """``call(*args, **kwargs)``, a jitted call: inside the FFI wait's bookkeeping when
+    that fence is active (``_ffi_fence.dispatch``), else plainly (its arguments hold
     the fresh import that orders it)."""
     if ffi:
-        return F.after_torch(device)
+        return F.dispatch(device, call, *args, **kwargs)
     F.FENCE.imported += 1
-    return _NO_WAIT
+    return call(*args, **kwargs)
 
 
 def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
@@ -82,12 +78,10 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
                   table=J.TILING_TABLE[0], ffi_fence=ffi)
     if out is not None and I.is_importable(out):
         dest = I.to_jax(out, ordered=not ffi)
-        with _ordered(ffi, q.device):
-            result, _ = J.sparse_into(dest, *args, **static)
+        result, _ = _dispatch(ffi, q.device, J.sparse_into, dest, *args, **static)
         return _write_back(result, out, "out")
     fence = None if ffi else I.stream_fence(q.device)
-    with _ordered(ffi, q.device):
-        result, _ = J.sparse_new(fence, *args, **static)
+    result, _ = _dispatch(ffi, q.device, J.sparse_new, fence, *args, **static)
     result = I.to_torch(result)
     if out is None:
         return result
@@ -107,9 +101,8 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
         I.warn_copy("cache", "is not compact/aligned, so JAX cannot update it in place")
     dest = cache if in_place else cache.contiguous().clone()
     dest_j = I.to_jax(dest, ordered=not ffi)
-    with _ordered(ffi, cache.device):
-        result, _ = J.store_into(dest_j, slots, rows_j, slots_are_words=slot_words,
-                                 implementation=implementation, ffi_fence=ffi)
+    result, _ = _dispatch(ffi, cache.device, J.store_into, dest_j, slots, rows_j,
+                          slots_are_words=slot_words, implementation=implementation, ffi_fence=ffi)
     if in_place:
         _write_back(result, cache, "cache")
     else:
@@ -172,10 +165,10 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
     ffi = F.active(raw_keys.device)
     fence = None if ffi else I.stream_fence(raw_keys.device)
     keys = I.import_arg(raw_keys, "raw_keys")
-    with _ordered(ffi, raw_keys.device):
-        (pooled, first), _ = J.compress(
-            fence, keys, positions, ring, rope_words, bt, ttr, qsl, lp, slots,
-            ring_layout=ring_layout, rope_mode=rope_mode, words=(bt_w, ttr_w, qsl_w, lp_w, cs_w),
-            compress_ratio=int(compress_ratio), implementation=implementation, ffi_fence=ffi)
+    (pooled, first), _ = _dispatch(
+        ffi, raw_keys.device, J.compress, fence, keys, positions, ring, rope_words, bt, ttr, qsl,
+        lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
+        words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
+        implementation=implementation, ffi_fence=ffi)
     return I.to_torch(pooled), I.words_to_int64_tensor(first)
 

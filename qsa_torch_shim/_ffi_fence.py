@@ -208,13 +208,53 @@ def _answer_metadata(frame) -> bool:
     return True
 
 
+class _Bound:
+    """XLA's API functions the handler calls, bound once per API table (one per process)."""
+
+    def __init__(self, api):
+        size = api.struct_size
+
+        def bind(name, prototype):
+            address = getattr(api, name)
+            return prototype(address) if size >= _API_NEEDS[name] and address else None
+
+        self.error_create = bind("Error_Create", _ERROR_CREATE)
+        self.stream_get = bind("Stream_Get", _STREAM_GET)
+        self.ordinal_get = bind("DeviceOrdinal_Get", _ORDINAL_GET)
+
+
+_BOUND: dict[int, _Bound] = {}
+
+
+def _bound(frame) -> _Bound:
+    address = ctypes.cast(frame.api, ctypes.c_void_p).value
+    found = _BOUND.get(address)
+    if found is None:
+        found = _BOUND[address] = _Bound(frame.api.contents)
+    return found
+
+
+class _Scratch(threading.local):
+    """Argument structures reused per thread (a handler call fills them and is done)."""
+
+    def __init__(self):
+        self.stream = _StreamGetArgs(_struct_size(_StreamGetArgs, "stream"), None, None, None)
+        self.ordinal = _DeviceOrdinalGetArgs(
+            _struct_size(_DeviceOrdinalGetArgs, "device_ordinal"), None, None, -1)
+        self.stream_ref = ctypes.byref(self.stream)
+        self.ordinal_ref = ctypes.byref(self.ordinal)
+
+
+_SCRATCH = _Scratch()
+
+
 def _error(frame, message: str) -> int | None:
-    api = frame.api.contents
-    if api.struct_size < _API_NEEDS["Error_Create"] or not api.Error_Create:
-        return None  # cannot report; the caller counted the failure
+    create = _bound(frame).error_create
+    if create is None:
+        return None  # cannot report; the count of handled calls stays short
     text = _STATE.setdefault("messages", {}).setdefault(message, message.encode())
     args = _ErrorCreateArgs(_struct_size(_ErrorCreateArgs, "errc"), None, text, _ERROR_INTERNAL)
-    return _ERROR_CREATE(api.Error_Create)(ctypes.byref(args))
+    return create(ctypes.byref(args))
 
 
 def _pop(key):
@@ -245,23 +285,20 @@ def _gpu_handler(frame_ptr):
     try:
         if _answer_metadata(frame) or frame.stage != _STAGE_EXECUTE:
             return None
-        api = frame.api.contents
-        if api.struct_size < _API_NEEDS["DeviceOrdinal_Get"]:
-            return _error(frame, f"{TARGET}: XLA's FFI API table lacks DeviceOrdinal_Get")
-        ordinal_args = _DeviceOrdinalGetArgs(
-            _struct_size(_DeviceOrdinalGetArgs, "device_ordinal"), None, frame.ctx, -1)
-        if _ORDINAL_GET(api.DeviceOrdinal_Get)(ctypes.byref(ordinal_args)):
-            return _error(frame, f"{TARGET}: DeviceOrdinal_Get failed")
-        ordinal = ordinal_args.device_ordinal
-        stream_args = _StreamGetArgs(_struct_size(_StreamGetArgs, "stream"), None, frame.ctx, None)
-        if _STREAM_GET(api.Stream_Get)(ctypes.byref(stream_args)):
-            return _error(frame, f"{TARGET}: Stream_Get failed")
+        api = _bound(frame)
+        if api.stream_get is None or api.ordinal_get is None:
+            return _error(frame, f"{TARGET}: XLA's FFI API lacks Stream_Get/DeviceOrdinal_Get")
+        scratch = _SCRATCH
+        scratch.ordinal.ctx = scratch.stream.ctx = frame.ctx
+        if api.ordinal_get(scratch.ordinal_ref) or api.stream_get(scratch.stream_ref):
+            return _error(frame, f"{TARGET}: DeviceOrdinal_Get or Stream_Get failed")
+        ordinal = scratch.ordinal.device_ordinal
         event = _pop(("gpu", ordinal))
         if event is None:
             return _error(frame, f"{TARGET}: no pending torch event for device {ordinal} (the "
                                  "shim's fence bookkeeping is out of step)")
         if not SKIP_WAIT[0]:
-            rc = _STATE["cudart"].cudaStreamWaitEvent(stream_args.stream, event, 0)
+            rc = _STATE["cudart"].cudaStreamWaitEvent(scratch.stream.stream, event, 0)
             if rc:
                 return _error(frame, f"{TARGET}: cudaStreamWaitEvent returned {rc}")
         _SPARE[ordinal].append(event)
@@ -364,24 +401,24 @@ def _push(device: torch.device):
     return key, event
 
 
-@contextlib.contextmanager
-def after_torch(device: torch.device):
-    """Wrap the dispatch of one jitted call that contains the FFI wait.
+def dispatch(device: torch.device, call, *args, **kwargs):
+    """``call(*args, **kwargs)``: the dispatch of one jitted call that contains the FFI wait.
 
     Records and queues this call's event, and holds the lock until the dispatch
     returns, so that the FIFO order is the dispatch order across threads. Only
-    the dispatch belongs inside: a dispatch that raises ran nothing, so its
-    entry is taken back.
+    the dispatch belongs here (not the export of its result): a dispatch that
+    raises ran nothing, so its entry is taken back.
     """
     with _LOCK:
         key, entry = _push(device)
         try:
-            yield
+            result = call(*args, **kwargs)
         except BaseException:
             with contextlib.suppress(ValueError):
                 _PENDING[key].remove(entry)  # ValueError: the handler took it (it ran)
             raise
     FENCE.ffi += 1
+    return result
 
 
 def pending() -> int:

@@ -185,3 +185,62 @@ def test_handler_refuses_an_out_of_step_fifo(fence_mode):
             jnp.ones((3, 16), jnp.bfloat16), slots_are_words=False, implementation=None,
             ffi_fence=True))
     assert F.FENCE.handled == 0
+
+
+def test_gpu_handler_logic_with_a_fake_xla_api(monkeypatch):
+    """The CUDA handler's steps, on CPU, through a fake XLA API table and a fake CUDA
+    runtime: it answers XLA's metadata query, asks for the device and stream, waits on
+    the events in the order they were queued (per device), recycles them, honours the
+    negative-control switch, and reports an empty queue as an XLA error."""
+    import ctypes
+
+    waits, errors = [], []
+    ordinal, stream = 5, 0x5151
+
+    def ordinal_get(args):
+        args.contents.device_ordinal = ordinal
+        return None
+
+    def stream_get(args):
+        assert args.contents.ctx == 0xC0FFEE
+        args.contents.stream = stream
+        return None
+
+    def error_create(args):
+        errors.append(args.contents.message.decode())
+        return 1234
+
+    keep = [F._ORDINAL_GET(ordinal_get), F._STREAM_GET(stream_get), F._ERROR_CREATE(error_create)]
+    api = F._Api()
+    api.struct_size = ctypes.sizeof(F._Api)
+    api.DeviceOrdinal_Get, api.Stream_Get, api.Error_Create = (
+        ctypes.cast(f, ctypes.c_void_p).value for f in keep)
+
+    class FakeRuntime:
+        @staticmethod
+        def cudaStreamWaitEvent(s, event, flags):
+            waits.append((s, event, flags))
+            return 0
+
+    monkeypatch.setitem(F._STATE, "cudart", FakeRuntime)
+    monkeypatch.setitem(F._PENDING, ("gpu", ordinal), __import__("collections").deque([111, 222]))
+    monkeypatch.setitem(F._SPARE, ordinal, [])
+    frame = F._CallFrame(ctypes.sizeof(F._CallFrame), None, ctypes.pointer(api), 0xC0FFEE,
+                         F._STAGE_EXECUTE)
+    call = lambda: F._gpu_handler(ctypes.pointer(frame))  # noqa: E731
+    assert call() is None and call() is None
+    assert waits == [(stream, 111, 0), (stream, 222, 0)]
+    assert F._SPARE[ordinal] == [111, 222] and not F._PENDING[("gpu", ordinal)]
+    F._PENDING[("gpu", ordinal)].append(333)
+    monkeypatch.setattr(F, "SKIP_WAIT", [True])
+    assert call() is None and len(waits) == 2 and F._SPARE[ordinal][-1] == 333
+    assert call() == 1234 and "out of step" in errors[-1]
+    # XLA's metadata query at registration: the version this module's layouts follow.
+    metadata = F._Metadata(ctypes.sizeof(F._Metadata))
+    metadata.api_version.struct_size = ctypes.sizeof(F._ApiVersion)
+    ext = F._MetadataExtension(F._Extension(ctypes.sizeof(F._MetadataExtension),
+                                            F._METADATA_EXTENSION, None), ctypes.pointer(metadata))
+    frame.extension_start = ctypes.cast(ctypes.pointer(ext), ctypes.POINTER(F._Extension))
+    assert call() is None and len(waits) == 2
+    assert (metadata.api_version.major_version, metadata.api_version.minor_version) == \
+        F.FFI_API_VERSION and metadata.traits == 0

@@ -118,9 +118,8 @@ def main():
     S.set_stream_fence("ffi")
     if F.active(q.device):
         def ffi_call():
-            with F.after_torch(q.device):
-                return J.sparse_new(None, *jargs, use_prefill_config=False, implementation=None,
-                                    ffi_fence=True)
+            return F.dispatch(q.device, J.sparse_new, None, *jargs, use_prefill_config=False,
+                              implementation=None, ffi_fence=True)
 
         rows.append(("  jitted call + FFI wait (record, queue, dispatch)", per_call_us(ffi_call)))
         def push_alone():  # record + queue, then take it back as the handler would
