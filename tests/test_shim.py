@@ -796,6 +796,9 @@ def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
+    from qsa_torch_shim import _ffi_fence as F
+
+    monkeypatch.setattr(F, "_MODE", ["import"])  # this control removes the import fence
     monkeypatch.setattr(I, "stream_fence", lambda device: None)
     bad = _race_iterations(g, kv, with_out=False)
     I.clear_import_cache()

@@ -122,6 +122,9 @@ def main():
                               implementation=None, ffi_fence=True)
 
         rows.append(("  jitted call + FFI wait (record, queue, dispatch)", per_call_us(ffi_call)))
+        rows.append(("  jitted call + FFI wait + to_torch of its result", per_call_us(
+            lambda: I.to_torch(ffi_call()[0]))))
+
         def push_alone():  # record + queue, then take it back as the handler would
             key, event = F._push(q.device)
             F._PENDING[key].pop()
@@ -141,7 +144,7 @@ def main():
     rows.append(("  import_query(strided q of qkv) (cached)", per_call_us(lambda: I.import_query(q_view))))
     rows.append(("shim host, q a view of qkv (no sync)", per_call_us(
         lambda: S.qsa_sparse_paged_attention(q_view, k, v, li, bt, t2r, False, out, output_gate=gate))))
-    rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res).data_ptr())))
+    rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res[0]).data_ptr())))
     for fence in ("import", "ffi"):
         S.set_stream_fence(fence)
         prof = cProfile.Profile()
@@ -155,7 +158,16 @@ def main():
     S.set_stream_fence("import")
     print(f"\nshim host profile, {a.tp} rows={a.rows} (µs per call, median of 5 x 300)")
     for name, us in rows:
-        print(f"{name:44s} {us:9.1f}")
+        print(f"{name:58s} {us:9.1f}")
+    found = dict(rows)
+    for kind in ("eager", "host"):
+        base = found.get("original eager (call + sync)" if kind == "eager" else
+                         "original host (no sync)")
+        for fence in ("import", "ffi"):
+            mine = found.get(f"shim {kind}, {fence} fence, out= " +
+                             ("(call + sync)" if kind == "eager" else "(no sync)"))
+            if base and mine:
+                print(f"shim / original, {kind}, {fence} fence, out=: {mine / base:.2f}x")
 
 
 if __name__ == "__main__":
