@@ -14,19 +14,20 @@ event that the shim recorded on torch's current stream just before the call.
   ``cudaStreamWaitEvent`` from the CUDA runtime torch has loaded.
 * Which event: one per call, handed over through a FIFO per device. The shim
   records an event and appends it under a lock that also covers the dispatch
-  of the jitted call; the handler pops from the left. PJRT runs one device's
-  executions in dispatch order, so call N's handler pops call N's event
-  whether it runs inside the dispatch or later on a launch thread. A single
+  of the jitted call; the handler pops from the left. This relies on PJRT
+  launching one device's executions in dispatch order (one compute stream per
+  device), so that call N's handler pops call N's event whether it runs inside
+  the dispatch or later on a launch thread. A single
   reused event would be wrong with an asynchronous launch: a later record
   (made for call N+1, after torch was told to wait for call N's result) seen
   by call N's handler would make XLA wait for torch and torch for XLA.
   A dispatch that raises removes its own event again (nothing ran); an empty
   FIFO in the handler is an XLA error, not a silent skip.
 * The handler runs Python, so it takes the GIL on XLA's thread. jaxlib drops
-  the GIL while the export of the result waits for the launch
-  (``torch.from_dlpack`` -> ``BufferToDLPackManagedTensor``), and the shim
-  always exports (or returns) right after the dispatch, so the handler is not
-  left waiting for the GIL behind a busy Python thread.
+  the GIL around the execution in the dispatch and while the export of the
+  result waits for the launch (``torch.from_dlpack`` ->
+  ``BufferToDLPackManagedTensor``); the shim exports right after the dispatch,
+  so a handler on a launch thread is neither deadlocked nor left waiting long.
 * Command buffers: the target is registered without the command-buffer
   trait, so XLA runs it as a plain thunk on its stream, never inside a CUDA
   graph it captures. The shim refuses calls while torch's current stream is
