@@ -24,6 +24,17 @@ def _dispatch(ffi: bool, device: torch.device, call, *args, **kwargs):
     return call(*args, **kwargs)
 
 
+def _exported(ffi: bool, result, export, *args):
+    """``export(*args)`` (the torch side of ``result``); if it raises, let the FFI fence
+    drop the entry of an execution that failed before its wait ran."""
+    try:
+        return export(*args)
+    except BaseException:
+        if ffi:
+            F.settle_failed_call(result)
+        raise
+
+
 def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
     """(JAX arrays for qsa_jax's ``kv``): the fused buffer when k/v are its views.
 
@@ -79,10 +90,10 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     if out is not None and I.is_importable(out):
         dest = I.to_jax(out, ordered=not ffi)
         result, _ = _dispatch(ffi, q.device, J.sparse_into, dest, *args, **static)
-        return _write_back(result, out, "out")
+        return _exported(ffi, result, _write_back, result, out, "out")
     fence = None if ffi else I.stream_fence(q.device)
     result, _ = _dispatch(ffi, q.device, J.sparse_new, fence, *args, **static)
-    result = I.to_torch(result)
+    result = _exported(ffi, result, I.to_torch, result)
     if out is None:
         return result
     I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
@@ -104,9 +115,9 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
     result, _ = _dispatch(ffi, cache.device, J.store_into, dest_j, slots, rows_j,
                           slots_are_words=slot_words, implementation=implementation, ffi_fence=ffi)
     if in_place:
-        _write_back(result, cache, "cache")
+        _exported(ffi, result, _write_back, result, cache, "cache")
     else:
-        cache.copy_(I.to_torch(result))
+        cache.copy_(_exported(ffi, result, I.to_torch, result))
 
 
 
@@ -170,5 +181,6 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
         lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
         words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
         implementation=implementation, ffi_fence=ffi)
-    return I.to_torch(pooled), I.words_to_int64_tensor(first)
+    return _exported(ffi, (pooled, first), lambda: (I.to_torch(pooled),
+                                                   I.words_to_int64_tensor(first)))
 

@@ -402,6 +402,19 @@ def _push(device: torch.device):
     return key, event
 
 
+class _Last(threading.local):
+    ticket = None  # (FIFO key, entry) of this thread's last dispatch
+
+
+_LAST = _Last()
+
+
+def _forget(ticket) -> None:
+    key, entry = ticket
+    with contextlib.suppress(ValueError):
+        _PENDING[key].remove(entry)  # ValueError: the handler took it (it ran)
+
+
 def dispatch(device: torch.device, call, *args, **kwargs):
     """``call(*args, **kwargs)``: the dispatch of one jitted call that contains the FFI wait.
 
@@ -411,15 +424,29 @@ def dispatch(device: torch.device, call, *args, **kwargs):
     raises ran nothing, so its entry is taken back.
     """
     with _LOCK:
-        key, entry = _push(device)
+        ticket = _push(device)
         try:
             result = call(*args, **kwargs)
         except BaseException:
-            with contextlib.suppress(ValueError):
-                _PENDING[key].remove(entry)  # ValueError: the handler took it (it ran)
+            _forget(ticket)
             raise
+        _LAST.ticket = ticket
     FENCE.ffi += 1
     return result
+
+
+def settle_failed_call(result) -> None:
+    """After the export of this thread's last dispatched call raised: if that execution
+    failed, take its entry back (its handler may never have run, and a stale entry
+    would hand the next call an older event). Waits for the execution first, so an
+    entry whose handler is still to run (an interrupted export) stays queued."""
+    ticket, _LAST.ticket = _LAST.ticket, None
+    if ticket is None:
+        return
+    try:
+        jax.block_until_ready(result)
+    except Exception:  # noqa: BLE001 - the execution failed: its handler may not have run
+        _forget(ticket)
 
 
 def pending() -> int:

@@ -244,3 +244,21 @@ def test_gpu_handler_logic_with_a_fake_xla_api(monkeypatch):
     assert call() is None and len(waits) == 2
     assert (metadata.api_version.major_version, metadata.api_version.minor_version) == \
         F.FFI_API_VERSION and metadata.traits == 0
+
+
+def test_an_execution_that_fails_after_its_dispatch_gives_its_entry_back(monkeypatch):
+    """An execution can fail after its dispatch returned, before its wait ran (then only
+    the export raises). Its entry must go, or every later call would take the previous
+    call's event; an entry whose execution did not fail (an interrupted export) stays."""
+    def failed(_):
+        raise RuntimeError("simulated execution failure")
+
+    key = ("cpu", 0)
+    for execution_failed in (True, False):
+        ticket = F._push(torch.device("cpu"))
+        monkeypatch.setattr(F._LAST, "ticket", ticket)
+        monkeypatch.setattr(jax, "block_until_ready", failed if execution_failed else lambda x: x)
+        F.settle_failed_call(object())
+        assert (ticket[1] in F._PENDING[key]) is not execution_failed
+        assert F._LAST.ticket is None
+        F._PENDING[key].clear()
