@@ -180,7 +180,9 @@ _PENDING: dict[tuple[str, int], collections.deque] = collections.defaultdict(col
 # (cudaStreamWaitEvent captures the record current at the time of the call).
 _SPARE: dict[int, list] = collections.defaultdict(list)
 _LOCK = threading.Lock()
-_CPU_TOKENS = itertools.count(1)
+# Entries are (serial, event): unique even when an event handle is recycled, so that
+# taking an entry back (``_forget``) can never remove another call's.
+_SERIALS = itertools.count(1)
 # Test hook (the GPU negative control): the handler pops but does not wait.
 SKIP_WAIT = [False]
 _STATE: dict = {}  # "registered": {platform: bool}, "cudart": ctypes library, "handlers": keep-alive
@@ -294,10 +296,11 @@ def _gpu_handler(frame_ptr):
         if api.ordinal_get(scratch.ordinal_ref) or api.stream_get(scratch.stream_ref):
             return _error(frame, f"{TARGET}: DeviceOrdinal_Get or Stream_Get failed")
         ordinal = scratch.ordinal.device_ordinal
-        event = _pop(("gpu", ordinal))
-        if event is None:
+        entry = _pop(("gpu", ordinal))
+        if entry is None:
             return _error(frame, f"{TARGET}: no pending torch event for device {ordinal} (the "
                                  "shim's fence bookkeeping is out of step)")
+        event = entry[1]
         if not SKIP_WAIT[0]:
             rc = _STATE["cudart"].cudaStreamWaitEvent(scratch.stream.stream, event, 0)
             if rc:
@@ -384,7 +387,7 @@ def _new_event(index: int):
 def _push(device: torch.device):
     """Record this call's event on torch's current stream and queue it for the handler."""
     if device.type != "cuda":
-        entry = next(_CPU_TOKENS)
+        entry = (next(_SERIALS), None)
         _PENDING[("cpu", 0)].append(entry)
         return ("cpu", 0), entry
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -398,8 +401,9 @@ def _push(device: torch.device):
         spare.append(event)
         raise RuntimeError(f"qsa_torch_shim: cudaEventRecord returned {rc}")
     key = ("gpu", index)
-    _PENDING[key].append(event)
-    return key, event
+    entry = (next(_SERIALS), event)
+    _PENDING[key].append(entry)
+    return key, entry
 
 
 class _Last(threading.local):

@@ -223,7 +223,8 @@ def test_gpu_handler_logic_with_a_fake_xla_api(monkeypatch):
             return 0
 
     monkeypatch.setitem(F._STATE, "cudart", FakeRuntime)
-    monkeypatch.setitem(F._PENDING, ("gpu", ordinal), __import__("collections").deque([111, 222]))
+    monkeypatch.setitem(F._PENDING, ("gpu", ordinal),
+                        __import__("collections").deque([(1, 111), (2, 222)]))
     monkeypatch.setitem(F._SPARE, ordinal, [])
     frame = F._CallFrame(ctypes.sizeof(F._CallFrame), None, ctypes.pointer(api), 0xC0FFEE,
                          F._STAGE_EXECUTE)
@@ -231,7 +232,7 @@ def test_gpu_handler_logic_with_a_fake_xla_api(monkeypatch):
     assert call() is None and call() is None
     assert waits == [(stream, 111, 0), (stream, 222, 0)]
     assert F._SPARE[ordinal] == [111, 222] and not F._PENDING[("gpu", ordinal)]
-    F._PENDING[("gpu", ordinal)].append(333)
+    F._PENDING[("gpu", ordinal)].append((3, 333))
     monkeypatch.setattr(F, "SKIP_WAIT", [True])
     assert call() is None and len(waits) == 2 and F._SPARE[ordinal][-1] == 333
     assert call() == 1234 and "out of step" in errors[-1]

@@ -126,9 +126,9 @@ def main():
             lambda: I.to_torch(ffi_call()[0]))))
 
         def push_alone():  # record + queue, then take it back as the handler would
-            key, event = F._push(q.device)
+            key, entry = F._push(q.device)
             F._PENDING[key].pop()
-            F._SPARE[key[1]].append(event)
+            F._SPARE[key[1]].append(entry[1])
 
         rows.append(("  FFI record + queue alone", per_call_us(push_alone)))
         rows.append(("  to_jax(out, ordered=False) (donated import, FFI fence)", per_call_us(
