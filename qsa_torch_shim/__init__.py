@@ -74,9 +74,10 @@ def set_stream_fence(mode: str) -> None:
     call (of the donated ``out``/cache, else of a one-element fence tensor).
     "ffi" (``QSA_SHIM_FENCE=ffi``): a wait on an event recorded on torch's stream,
     made by an XLA FFI custom call at the start of the jitted call; where it cannot
-    be set up, the import is used and ``FENCE_PATHS.reason`` says why. See
-    notes/shim.md, "Session 6".
-    """
+    be set up, the import is used and ``FENCE_PATHS.reason`` says why.
+    "ffi-signal": "ffi", and calls with ``out=`` and the store end with a second
+    custom call that makes torch's stream wait for XLA's, in place of the export.
+    See notes/shim.md, "Session 6"."""
     from qsa_torch_shim import _ffi_fence
 
     _ffi_fence.set_mode(mode)

@@ -19,9 +19,15 @@ def _dispatch(ffi: bool, device: torch.device, call, *args, **kwargs):
     that fence is active (``_ffi_fence.dispatch``), else plainly (its arguments hold
     the fresh import that orders it)."""
     if ffi:
-        return F.dispatch(device, call, *args, **kwargs)
+        return F.dispatch(device, kwargs.get("ffi_signal", False), call, *args, **kwargs)
     F.FENCE.imported += 1
     return call(*args, **kwargs)
+
+
+def _landed(signal: bool, result, dest: torch.Tensor) -> bool:
+    """With the FFI signal: whether torch's stream already waits for the call and its
+    result is ``dest``'s memory, so the export (the handshake) can be skipped."""
+    return signal and F.await_signal(result) and result.unsafe_buffer_pointer() == dest.data_ptr()
 
 
 def _exported(ffi: bool, result, export, *args):
@@ -89,7 +95,11 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
                   table=J.TILING_TABLE[0], ffi_fence=ffi)
     if out is not None and I.is_importable(out):
         dest = I.to_jax(out, ordered=not ffi)
-        result, _ = _dispatch(ffi, q.device, J.sparse_into, dest, *args, **static)
+        signal = F.signals(q.device)
+        result, _ = _dispatch(ffi, q.device, J.sparse_into, dest, *args, ffi_signal=signal,
+                              **static)
+        if _landed(signal, result, out):
+            return out
         return _exported(ffi, result, _write_back, result, out, "out")
     fence = None if ffi else I.stream_fence(q.device)
     result, _ = _dispatch(ffi, q.device, J.sparse_new, fence, *args, **static)
@@ -112,8 +122,12 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
         I.warn_copy("cache", "is not compact/aligned, so JAX cannot update it in place")
     dest = cache if in_place else cache.contiguous().clone()
     dest_j = I.to_jax(dest, ordered=not ffi)
+    signal = in_place and F.signals(cache.device)
     result, _ = _dispatch(ffi, cache.device, J.store_into, dest_j, slots, rows_j,
-                          slots_are_words=slot_words, implementation=implementation, ffi_fence=ffi)
+                          slots_are_words=slot_words, implementation=implementation, ffi_fence=ffi,
+                          ffi_signal=signal)
+    if _landed(signal, result, cache):
+        return
     if in_place:
         _exported(ffi, result, _write_back, result, cache, "cache")
     else:

@@ -37,9 +37,16 @@ event that the shim recorded on torch's current stream just before the call.
   pops the FIFO and counts, so CPU tests run the whole path (the custom call,
   the barrier, the bookkeeping) without a GPU.
 
-Selection: ``QSA_SHIM_FENCE=ffi`` (or ``qsa_torch_shim.set_stream_fence("ffi")``);
-the default is ``"import"``, today's fence, until the GPU race test has passed
-with the FFI fence. When the FFI fence cannot be set up (no CUDA runtime found,
+The other direction (mode "ffi-signal", ``out=`` and the store only): the call
+ends with a second custom call (``SIGNAL_TARGET``) whose output aliases the
+result, so it runs after the kernel's write; its handler records an event on
+XLA's stream and makes the call's torch stream wait on it. The caller returns
+once that handler has run (at once when PJRT launches inside the dispatch), and
+skips the export (``torch.from_dlpack``) that otherwise makes torch wait.
+
+Selection: ``QSA_SHIM_FENCE=ffi`` / ``ffi-signal`` (or
+``qsa_torch_shim.set_stream_fence(...)``); the default is ``"import"``, today's
+fence, until the GPU race tests have passed with the FFI modes. When the FFI fence cannot be set up (no CUDA runtime found,
 registration refused by another jaxlib) the shim uses the fence import and
 ``FENCE.reason`` says why; ``FENCE`` counts which fence each call used.
 """
@@ -59,7 +66,10 @@ import torch
 from qsa_torch_shim import _private_api
 
 TARGET = "qsa_shim_wait_for_torch"
-MODES = ("import", "ffi")
+# Mode "ffi-signal" only (``out=`` and the store): the call ends with a second custom call
+# whose handler makes torch's stream wait for XLA's, instead of the export's handshake.
+SIGNAL_TARGET = "qsa_shim_signal_torch"
+MODES = ("import", "ffi", "ffi-signal")
 # The FFI API version whose structure layouts this module follows (jaxlib 0.11.2's c_api.h);
 # it is what the handler reports when XLA asks for its metadata at registration.
 FFI_API_VERSION = (0, 4)
@@ -152,13 +162,14 @@ class FencePaths:
         self.ffi = 0          # calls ordered by the FFI wait
         self.imported = 0     # calls ordered by the fence import (or a donated fresh import)
         self.handled = 0      # handler executions (pops), CPU and GPU
+        self.signalled = 0    # calls whose FFI signal made torch wait (mode "ffi-signal")
         self.reason: str | None = None  # why the FFI fence is unavailable, once tried
         # The thread that ran the last handler: the caller's when PJRT launches inside
         # the dispatch, another one when it launches asynchronously (tools/profile_shim.py).
         self.handler_thread: int | None = None
 
     def reset(self) -> None:
-        self.ffi = self.imported = self.handled = 0
+        self.ffi = self.imported = self.handled = self.signalled = 0
 
 
 FENCE = FencePaths()
@@ -179,12 +190,16 @@ _PENDING: dict[tuple[str, int], collections.deque] = collections.defaultdict(col
 # Recycled events per CUDA device: an event may be re-recorded once its wait was enqueued
 # (cudaStreamWaitEvent captures the record current at the time of the call).
 _SPARE: dict[int, list] = collections.defaultdict(list)
+# Pending end-of-call signals per (platform, device ordinal), in dispatch order.
+_SIGNALS: dict[tuple[str, int], collections.deque] = collections.defaultdict(collections.deque)
 _LOCK = threading.Lock()
 # Entries are (serial, event): unique even when an event handle is recycled, so that
 # taking an entry back (``_forget``) can never remove another call's.
 _SERIALS = itertools.count(1)
-# Test hook (the GPU negative control): the handler pops but does not wait.
+# Test hooks (the GPU negative controls): the handlers keep the bookkeeping in step but
+# skip the wait (SKIP_WAIT) or the signal's record and wait (SKIP_SIGNAL).
 SKIP_WAIT = [False]
+SKIP_SIGNAL = [False]
 _STATE: dict = {}  # "registered": {platform: bool}, "cudart": ctypes library, "handlers": keep-alive
 
 
@@ -283,32 +298,94 @@ def _cpu_handler(frame_ptr):
         return _error(frame, f"{TARGET}: {type(exc).__name__}: {exc}")
 
 
+def _device_and_stream(frame):
+    """(device ordinal, XLA's stream) of this execution, or an error pointer."""
+    api = _bound(frame)
+    if api.stream_get is None or api.ordinal_get is None:
+        return None, _error(frame, f"{TARGET}: XLA's FFI API lacks Stream_Get/DeviceOrdinal_Get")
+    scratch = _SCRATCH
+    scratch.ordinal.ctx = scratch.stream.ctx = frame.ctx
+    if api.ordinal_get(scratch.ordinal_ref) or api.stream_get(scratch.stream_ref):
+        return None, _error(frame, f"{TARGET}: DeviceOrdinal_Get or Stream_Get failed")
+    return (scratch.ordinal.device_ordinal, scratch.stream.stream), None
+
+
 def _gpu_handler(frame_ptr):
     frame = frame_ptr.contents
     try:
         if _answer_metadata(frame) or frame.stage != _STAGE_EXECUTE:
             return None
-        api = _bound(frame)
-        if api.stream_get is None or api.ordinal_get is None:
-            return _error(frame, f"{TARGET}: XLA's FFI API lacks Stream_Get/DeviceOrdinal_Get")
-        scratch = _SCRATCH
-        scratch.ordinal.ctx = scratch.stream.ctx = frame.ctx
-        if api.ordinal_get(scratch.ordinal_ref) or api.stream_get(scratch.stream_ref):
-            return _error(frame, f"{TARGET}: DeviceOrdinal_Get or Stream_Get failed")
-        ordinal = scratch.ordinal.device_ordinal
+        found, error = _device_and_stream(frame)
+        if found is None:
+            return error
+        ordinal, stream = found
         entry = _pop(("gpu", ordinal))
         if entry is None:
             return _error(frame, f"{TARGET}: no pending torch event for device {ordinal} (the "
                                  "shim's fence bookkeeping is out of step)")
         event = entry[1]
         if not SKIP_WAIT[0]:
-            rc = _STATE["cudart"].cudaStreamWaitEvent(scratch.stream.stream, event, 0)
+            rc = _STATE["cudart"].cudaStreamWaitEvent(stream, event, 0)
             if rc:
                 return _error(frame, f"{TARGET}: cudaStreamWaitEvent returned {rc}")
         _SPARE[ordinal].append(event)
         return None
     except Exception as exc:  # an exception must not escape into XLA's thread
         return _error(frame, f"{TARGET}: {type(exc).__name__}: {exc}")
+
+
+class _Signal:
+    """One call's end-of-call signal: torch's stream and an event (CUDA), and whether
+    the handler has made torch's stream wait (``done``), with an optional waiter."""
+
+    __slots__ = ("serial", "stream", "event", "done", "waiter")
+
+    def __init__(self, stream, event):
+        self.serial = next(_SERIALS)
+        self.stream, self.event = stream, event
+        self.done = False
+        self.waiter = None
+
+    def finish(self) -> None:
+        # Set, then look: with the caller's look-then-wait (``await_signal``) under
+        # the GIL, one of the two sides always sees the other.
+        self.done = True
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.set()
+
+
+def _signal_handler(platform: str):
+    def handler(frame_ptr):
+        frame = frame_ptr.contents
+        try:
+            if _answer_metadata(frame) or frame.stage != _STAGE_EXECUTE:
+                return None
+            if platform == "cpu":
+                ordinal, stream = 0, None
+            else:
+                found, error = _device_and_stream(frame)
+                if found is None:
+                    return error
+                ordinal, stream = found
+            try:
+                entry = _SIGNALS[(platform, ordinal)].popleft()
+            except IndexError:
+                return _error(frame, f"{SIGNAL_TARGET}: no pending signal (the shim's fence "
+                                     "bookkeeping is out of step)")
+            if stream is not None and not SKIP_SIGNAL[0]:
+                cudart = _STATE["cudart"]
+                rc = cudart.cudaEventRecord(entry.event, stream) or cudart.cudaStreamWaitEvent(
+                    entry.stream, entry.event, 0)
+                if rc:
+                    return _error(frame, f"{SIGNAL_TARGET}: CUDA runtime returned {rc}")
+            if stream is not None:
+                _SPARE[ordinal].append(entry.event)
+            entry.finish()
+            return None
+        except Exception as exc:  # an exception must not escape into XLA's thread
+            return _error(frame, f"{SIGNAL_TARGET}: {type(exc).__name__}: {exc}")
+    return handler
 
 
 # --- set-up ---------------------------------------------------------------------------------
@@ -357,10 +434,12 @@ def _register(platform: str) -> bool:
         jax.devices(platform)
         if platform == "gpu":
             _STATE["cudart"] = _load_cudart()
-        handler = _HANDLER(_cpu_handler if platform == "cpu" else _gpu_handler)
-        _STATE.setdefault("handlers", []).append(handler)  # the C pointer lives as long as this
-        capsule = jax.ffi.pycapsule(ctypes.cast(handler, ctypes.c_void_p).value)
-        jax.ffi.register_ffi_target(TARGET, capsule, platform=platform, api_version=1)
+        wait = _cpu_handler if platform == "cpu" else _gpu_handler
+        for name, fn in ((TARGET, wait), (SIGNAL_TARGET, _signal_handler(platform))):
+            handler = _HANDLER(fn)
+            _STATE.setdefault("handlers", []).append(handler)  # keeps the C pointer alive
+            capsule = jax.ffi.pycapsule(ctypes.cast(handler, ctypes.c_void_p).value)
+            jax.ffi.register_ffi_target(name, capsule, platform=platform, api_version=1)
     except Exception as exc:  # noqa: BLE001 - any failure means: use the fence import
         FENCE.reason = f"{platform}: {type(exc).__name__}: {exc}"
         return False
@@ -369,10 +448,16 @@ def _register(platform: str) -> bool:
 
 
 def active(device: torch.device) -> bool:
-    """Whether this call is ordered by the FFI wait (mode "ffi" and the handler registered)."""
-    if _MODE[0] != "ffi":
+    """Whether this call is ordered by the FFI wait (mode "ffi" or "ffi-signal", and the
+    handlers registered)."""
+    if _MODE[0] == "import":
         return False
     return _register("gpu" if device.type == "cuda" else "cpu")
+
+
+def signals(device: torch.device) -> bool:
+    """Whether an ``out=``/store call ends with the FFI signal instead of the export."""
+    return _MODE[0] == "ffi-signal" and active(device)
 
 
 def _new_event(index: int):
@@ -384,51 +469,66 @@ def _new_event(index: int):
     return event.value
 
 
-def _push(device: torch.device):
-    """Record this call's event on torch's current stream and queue it for the handler."""
+def _push(device: torch.device, signal: bool):
+    """Record this call's event on torch's current stream and queue it for the wait
+    handler (and, with ``signal``, queue the end-of-call signal); returns the ticket
+    (FIFO key, wait entry, signal or None)."""
     if device.type != "cuda":
-        entry = (next(_SERIALS), None)
-        _PENDING[("cpu", 0)].append(entry)
-        return ("cpu", 0), entry
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("qsa_torch_shim: JAX calls cannot be captured in a CUDA graph; call "
-                           "the shim outside graph capture")
-    spare = _SPARE[index]
-    event = spare.pop() if spare else _new_event(index)
-    rc = _STATE["cudart"].cudaEventRecord(event, _private_api.current_raw_stream(index))
-    if rc:
-        spare.append(event)
-        raise RuntimeError(f"qsa_torch_shim: cudaEventRecord returned {rc}")
-    key = ("gpu", index)
+        key, stream, event, spare = ("cpu", 0), None, None, None
+    else:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("qsa_torch_shim: JAX calls cannot be captured in a CUDA graph; "
+                               "call the shim outside graph capture")
+        key, stream, spare = ("gpu", index), _private_api.current_raw_stream(index), _SPARE[index]
+        event = spare.pop() if spare else _new_event(index)
+        rc = _STATE["cudart"].cudaEventRecord(event, stream)
+        if rc:
+            spare.append(event)
+            raise RuntimeError(f"qsa_torch_shim: cudaEventRecord returned {rc}")
     entry = (next(_SERIALS), event)
     _PENDING[key].append(entry)
-    return key, entry
+    sig = None
+    if signal:
+        sig = _Signal(stream, None if spare is None else
+                      (spare.pop() if spare else _new_event(key[1])))
+        _SIGNALS[key].append(sig)
+    return key, entry, sig
 
 
 class _Last(threading.local):
-    ticket = None  # (FIFO key, entry) of this thread's last dispatch
+    ticket = None  # (FIFO key, entry, signal) of this thread's last dispatch
 
 
 _LAST = _Last()
 
 
 def _forget(ticket) -> None:
-    key, entry = ticket
+    """Take back a call's queue entries that no handler took (its execution never ran
+    them); an unused signal's event goes back to the pool."""
+    key, entry, sig = ticket
     with contextlib.suppress(ValueError):
         _PENDING[key].remove(entry)  # ValueError: the handler took it (it ran)
+    if sig is not None:
+        try:
+            _SIGNALS[key].remove(sig)
+        except ValueError:
+            return
+        if sig.event is not None:
+            _SPARE[key[1]].append(sig.event)
 
 
-def dispatch(device: torch.device, call, *args, **kwargs):
-    """``call(*args, **kwargs)``: the dispatch of one jitted call that contains the FFI wait.
+def dispatch(device: torch.device, signal: bool, call, *args, **kwargs):
+    """``call(*args, **kwargs)``: the dispatch of one jitted call that contains the FFI
+    wait (and, with ``signal``, ends with the FFI signal).
 
     Records and queues this call's event, and holds the lock until the dispatch
     returns, so that the FIFO order is the dispatch order across threads. Only
     the dispatch belongs here (not the export of its result): a dispatch that
-    raises ran nothing, so its entry is taken back.
+    raises ran nothing, so its entries are taken back.
     """
     with _LOCK:
-        ticket = _push(device)
+        ticket = _push(device, signal)
         try:
             result = call(*args, **kwargs)
         except BaseException:
@@ -439,9 +539,29 @@ def dispatch(device: torch.device, call, *args, **kwargs):
     return result
 
 
+def await_signal(result) -> bool:
+    """After a dispatch with ``signal``: True once its signal handler has made torch's
+    current stream wait for XLA's (the caller may then skip the export); False when the
+    execution finished or failed without it (its entries are taken back; the caller
+    exports, which raises the execution's error if there was one).
+
+    The handler runs at launch, inside the dispatch or soon after on PJRT's launch
+    thread; meanwhile this waits with the GIL released, so the handler can take it.
+    """
+    sig = _LAST.ticket[2]
+    if not sig.done:
+        waiter = sig.waiter = threading.Event()
+        while not sig.done and not waiter.wait(0.002):
+            if result.is_ready() and not sig.done:
+                _forget(_LAST.ticket)
+                return False
+    FENCE.signalled += 1
+    return True
+
+
 def settle_failed_call(result) -> None:
     """After the export of this thread's last dispatched call raised: if that execution
-    failed, take its entry back (its handler may never have run, and a stale entry
+    failed, take its entries back (its handlers may never have run, and a stale entry
     would hand the next call an older event). Waits for the execution first, so an
     entry whose handler is still to run (an interrupted export) stays queued."""
     ticket, _LAST.ticket = _LAST.ticket, None
@@ -454,5 +574,5 @@ def settle_failed_call(result) -> None:
 
 
 def pending() -> int:
-    """Events queued but not yet taken by a handler (0 between calls once launched)."""
-    return sum(len(q) for q in _PENDING.values())
+    """Entries queued but not yet taken by a handler (0 between calls once launched)."""
+    return sum(len(q) for q in _PENDING.values()) + sum(len(q) for q in _SIGNALS.values())

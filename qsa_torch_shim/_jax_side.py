@@ -77,6 +77,19 @@ def after_torch(ffi_fence: bool, args):
     return args, token
 
 
+def signal_torch(ffi_signal: bool, result):
+    """``result``, passed through the FFI signal when ``ffi_signal`` (mode "ffi-signal").
+
+    The signal's handler makes torch's stream wait for XLA's at this point, after
+    the kernel. Its output aliases its operand (no copy, same buffer), so it is the
+    last producer of the call's result: nothing writes the result after it.
+    """
+    if not ffi_signal:
+        return result
+    return jax.ffi.ffi_call(_ffi_fence.SIGNAL_TARGET, jax.ShapeDtypeStruct(result.shape, result.dtype),
+                            input_output_aliases={0: 0})(result)
+
+
 # --- sparse attention -------------------------------------------------------------------------
 
 # qsa_jax's fp8 support (k_scale/v_scale) arrived after the shim's: say so clearly
@@ -145,9 +158,11 @@ def sparse_new(fence, q, kv_arrays, logical_indices, block_table, token_to_req, 
                    table=table), token
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnums=(0,), keep_unused=True)
+@functools.partial(jax.jit, static_argnames=_STATIC + ("ffi_signal",), donate_argnums=(0,),
+                   keep_unused=True)
 def sparse_into(out, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
-                scales=None, *, use_prefill_config, implementation, table=None, ffi_fence=False):
+                scales=None, *, use_prefill_config, implementation, table=None, ffi_fence=False,
+                ffi_signal=False):
     # ``out`` is only the destination: donated, and aliased to the result
     # (same shape and dtype), so XLA writes the result into its memory.
     # keep_unused: without it jit prunes the unused parameter, and with it the
@@ -157,8 +172,8 @@ def sparse_into(out, q, kv_arrays, logical_indices, block_table, token_to_req, o
     del out
     args, token = after_torch(ffi_fence, (q, kv_arrays, logical_indices, block_table,
                                           token_to_req, output_gate, scales))
-    return _sparse(*args, use_prefill_config=use_prefill_config, implementation=implementation,
-                   table=table), token
+    return signal_torch(ffi_signal, _sparse(*args, use_prefill_config=use_prefill_config,
+                                            implementation=implementation, table=table)), token
 
 
 # --- store ------------------------------------------------------------------------------------
@@ -173,15 +188,16 @@ def _slots(slot_mapping, slots_are_words: bool):
     return jnp.where((hi == 0) & (lo >= 0), lo, -1)
 
 
-@functools.partial(jax.jit, static_argnames=("slots_are_words", "implementation", "ffi_fence"),
-                   donate_argnums=(0,))
-def store_into(cache, slot_mapping, rows, *, slots_are_words, implementation, ffi_fence=False):
+@functools.partial(jax.jit, static_argnames=("slots_are_words", "implementation", "ffi_fence",
+                                             "ffi_signal"), donate_argnums=(0,))
+def store_into(cache, slot_mapping, rows, *, slots_are_words, implementation, ffi_fence=False,
+               ffi_signal=False):
     """Returns (updated cache, FFI token or None). The cache passes the barrier too:
     it is read (the rows not stored keep their values), so any copy of it that XLA
     might make must also wait."""
     (cache, slot_mapping, rows), token = after_torch(ffi_fence, (cache, slot_mapping, rows))
-    return qsa_jax.store_cache_rows(cache, _slots(slot_mapping, slots_are_words), rows,
-                                    implementation=implementation), token
+    return signal_torch(ffi_signal, qsa_jax.store_cache_rows(
+        cache, _slots(slot_mapping, slots_are_words), rows, implementation=implementation)), token
 
 
 # --- compress ------------------------------------------------------------------------------------

@@ -687,7 +687,7 @@ def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fenc
         S.qsa_store_cache_rows(cache, slots, rows)
     assert got is out and out.data_ptr() == ptr and cache.data_ptr() == cptr
     assert imported[kv.data_ptr()] == tuple(kv.shape)
-    _assert_fence_ran(fence, 2)
+    _assert_fence_ran(fence, 2, signalled=2)
     page, tok = slots // 16, slots % 16
     assert torch.equal(cache[page, tok, 0], rows)
 
@@ -753,9 +753,10 @@ def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
     return [it for it in range(n) if not torch.equal(results[it], expected[it % 2])]
 
 
-@pytest.fixture(params=["import", "ffi"])
+@pytest.fixture(params=["import", "ffi", "ffi-signal"])
 def fence(request):
-    """Each per-call stream fence: the fresh import, and the FFI wait (``_ffi_fence``)."""
+    """Each per-call stream fence: the fresh import, the FFI wait (``_ffi_fence``), and the
+    FFI wait with the FFI signal in place of the export for ``out=`` and the store."""
     from qsa_torch_shim import _ffi_fence as F
 
     previous = F.mode()
@@ -765,15 +766,18 @@ def fence(request):
     F.set_mode(previous)
 
 
-def _assert_fence_ran(fence, calls):
+def _assert_fence_ran(fence, calls, signalled=0):
+    """``calls`` calls went through ``fence`` (and ``signalled`` of them skipped the
+    export thanks to the FFI signal, in mode "ffi-signal")."""
     from qsa_torch_shim import _ffi_fence as F
 
-    if fence == "ffi":
-        assert F.FENCE.reason is None, F.FENCE.reason
-        assert F.FENCE.ffi >= calls and F.FENCE.imported == 0, vars(F.FENCE)
-        assert F.pending() == 0
-    else:
+    if fence == "import":
         assert F.FENCE.imported >= calls and F.FENCE.ffi == 0, vars(F.FENCE)
+        return
+    assert F.FENCE.reason is None, F.FENCE.reason
+    assert F.FENCE.ffi >= calls and F.FENCE.imported == 0, vars(F.FENCE)
+    assert F.FENCE.signalled >= (signalled if fence == "ffi-signal" else 0), vars(F.FENCE)
+    assert F.pending() == 0
 
 
 @pytest.mark.gpu
@@ -787,7 +791,7 @@ def test_gpu_stream_race(gpu_pool, with_out, fence):
         pytest.skip("one geometry is enough")
     bad = _race_iterations(g, kv, with_out)
     assert not bad, f"stream race ({fence} fence): iterations {bad} read stale or unwritten data"
-    _assert_fence_ran(fence, 40)
+    _assert_fence_ran(fence, 40, signalled=40 if with_out else 0)
 
 
 @pytest.mark.gpu
@@ -806,22 +810,27 @@ def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("with_out", [True, False], ids=["out", "new"])
-def test_gpu_stream_race_test_catches_a_missing_ffi_wait(gpu_pool, monkeypatch, with_out):
-    """Negative control of the FFI fence: the handler runs (and keeps the bookkeeping in
-    step) but skips cudaStreamWaitEvent; the race test must then see stale reads."""
+@pytest.mark.parametrize("mode,switch,with_out", [
+    ("ffi", "SKIP_WAIT", True), ("ffi", "SKIP_WAIT", False), ("ffi-signal", "SKIP_SIGNAL", True)],
+    ids=["wait-out", "wait-new", "signal-out"])
+def test_gpu_stream_race_test_catches_a_missing_ffi_wait(gpu_pool, monkeypatch, mode, switch,
+                                                        with_out):
+    """Negative controls of the FFI modes: the handlers run (and keep the bookkeeping in
+    step) but skip the wait on torch's event (SKIP_WAIT), or, in mode "ffi-signal" where
+    the export is skipped, the signal's record and torch's wait (SKIP_SIGNAL); the race
+    test must then see stale inputs or an unwritten ``out``."""
     from qsa_torch_shim import _ffi_fence as F
 
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
-    monkeypatch.setattr(F, "_MODE", ["ffi"])
-    monkeypatch.setattr(F, "SKIP_WAIT", [True])
+    monkeypatch.setattr(F, "_MODE", [mode])
+    monkeypatch.setattr(F, switch, [True])
     F.FENCE.reset()
     bad = _race_iterations(g, kv, with_out=with_out)
     I.clear_import_cache()
-    _assert_fence_ran("ffi", 40)
-    assert bad, "no stale read without the FFI wait: the race test cannot detect a missing wait"
+    _assert_fence_ran(mode, 40, signalled=40 if mode == "ffi-signal" else 0)
+    assert bad, f"no bad read with {switch}: the race test cannot detect a missing wait"
 
 
 @pytest.mark.gpu

@@ -79,21 +79,25 @@ def _bits(t):
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
-def test_ffi_wait_runs_inside_every_jitted_call(fence_mode):
-    """With the FFI fence each call's handler runs once inside the jitted call (CPU: it
-    counts), no fence import is made, nothing stays queued, and the results are the
-    fence import's, bit for bit (same fresh random inputs)."""
+@pytest.mark.parametrize("mode,signalled", [("ffi", 0), ("ffi-signal", 2)])
+def test_ffi_modes_run_their_handlers_and_change_no_result(fence_mode, mode, signalled):
+    """With the FFI fence each call's wait handler runs once inside the jitted call (CPU:
+    it counts), no fence import is made, nothing stays queued, and the results are the
+    fence import's, bit for bit (same fresh random inputs). Mode "ffi-signal" also ends
+    the calls that write into the caller's memory (``out=``, the store) with the signal
+    (on CPU donation is never honoured, so the shim still exports and copies back)."""
     seed = _fresh_seed()
-    fence_mode("ffi")
-    with_ffi = _every_op(seed)
+    fence_mode(mode)
+    got = _every_op(seed)
     assert F.FENCE.reason is None, F.FENCE.reason
-    assert (F.FENCE.ffi, F.FENCE.handled, F.FENCE.imported) == (CALLS, CALLS, 0), vars(F.FENCE)
+    assert (F.FENCE.ffi, F.FENCE.handled, F.FENCE.imported, F.FENCE.signalled) == (
+        CALLS, CALLS, 0, signalled), vars(F.FENCE)
     assert F.pending() == 0
     fence_mode("import")
-    with_import = _every_op(seed)
+    want = _every_op(seed)
     assert (F.FENCE.ffi, F.FENCE.handled, F.FENCE.imported) == (0, 0, CALLS), vars(F.FENCE)
-    for a, b in zip(with_ffi, with_import):
-        assert torch.equal(_bits(a), _bits(b))
+    for x, y in zip(got, want):
+        assert torch.equal(_bits(x), _bits(y))
 
 
 def test_import_fence_is_the_default():
@@ -256,10 +260,87 @@ def test_an_execution_that_fails_after_its_dispatch_gives_its_entry_back(monkeyp
 
     key = ("cpu", 0)
     for execution_failed in (True, False):
-        ticket = F._push(torch.device("cpu"))
+        ticket = F._push(torch.device("cpu"), False)
         monkeypatch.setattr(F._LAST, "ticket", ticket)
         monkeypatch.setattr(jax, "block_until_ready", failed if execution_failed else lambda x: x)
         F.settle_failed_call(object())
         assert (ticket[1] in F._PENDING[key]) is not execution_failed
         assert F._LAST.ticket is None
         F._PENDING[key].clear()
+
+
+def test_the_signal_is_the_last_producer_of_the_result():
+    """In the lowered ``out=`` call the signal takes the kernel's result and its output,
+    aliased to that operand, is what the call returns: nothing writes the result after
+    torch was told to wait for it."""
+    case = C.sparse_attention_case(np.random.default_rng(), rows=2, num_query_heads=4,
+                                   num_kv_heads=2, head_dim=16, page_size=8, selection_blocks=4,
+                                   context_tokens=32)
+    q, kv, li, bt, ttr, gate = (jax.numpy.asarray(x) for x in (
+        case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
+        case.output_gate))
+    text = J.sparse_into.lower(jax.numpy.zeros_like(q), q, (kv,), li, bt, ttr, gate,
+                               use_prefill_config=False, implementation=None, ffi_fence=True,
+                               ffi_signal=True).as_text()
+    main = text[text.index("func.func public @main"):]
+    main = main[:main.index("\n  }")]
+    line = next(x for x in main.splitlines() if f"@{F.SIGNAL_TARGET}" in x)
+    name = line.split("=")[0].strip()
+    assert "output_operand_aliases" in line, line
+    returned = next(x for x in main.splitlines() if x.strip().startswith("return"))
+    assert returned.split()[1].rstrip(",") == name, (returned, name)
+
+
+def test_signal_handler_logic_with_a_fake_xla_api(monkeypatch):
+    """The CUDA signal handler through a fake XLA API and runtime: records the call's
+    event on XLA's stream, makes the call's torch stream wait on it, recycles the
+    event and wakes the caller; a call that finished without its signal is taken back."""
+    import collections
+    import ctypes
+
+    calls = []
+
+    def ordinal_get(args):
+        args.contents.device_ordinal = 3
+        return None
+
+    def stream_get(args):
+        args.contents.stream = 0x7A7A
+        return None
+
+    keep = [F._ORDINAL_GET(ordinal_get), F._STREAM_GET(stream_get)]
+    api = F._Api()
+    api.struct_size = ctypes.sizeof(F._Api)
+    api.DeviceOrdinal_Get, api.Stream_Get = (ctypes.cast(f, ctypes.c_void_p).value for f in keep)
+
+    class FakeRuntime:
+        @staticmethod
+        def cudaEventRecord(event, stream):
+            calls.append(("record", event, stream))
+            return 0
+
+        @staticmethod
+        def cudaStreamWaitEvent(stream, event, flags):
+            calls.append(("wait", stream, event))
+            return 0
+
+    monkeypatch.setitem(F._STATE, "cudart", FakeRuntime)
+    sig = F._Signal(stream=0x70C4, event=555)
+    monkeypatch.setitem(F._SIGNALS, ("gpu", 3), collections.deque([sig]))
+    monkeypatch.setitem(F._SPARE, 3, [])
+    frame = F._CallFrame(ctypes.sizeof(F._CallFrame), None, ctypes.pointer(api), 0xC0FFEE,
+                         F._STAGE_EXECUTE)
+    assert F._signal_handler("gpu")(ctypes.pointer(frame)) is None
+    assert calls == [("record", 555, 0x7A7A), ("wait", 0x70C4, 555)]
+    assert sig.done and F._SPARE[3] == [555] and not F._SIGNALS[("gpu", 3)]
+    # A call whose execution ended without its signal: the caller gets False, the entries go.
+    ticket = F._push(torch.device("cpu"), True)
+    monkeypatch.setattr(F._LAST, "ticket", ticket)
+
+    class Finished:
+        @staticmethod
+        def is_ready():
+            return True
+
+    assert F.await_signal(Finished) is False
+    assert F.pending() == 0

@@ -79,21 +79,22 @@ def main():
     except Exception as exc:  # noqa: BLE001
         print("original not loadable:", exc)
     shim_new = lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate)  # noqa: E731
-    for fence in ("import", "ffi"):
+    for fence in F.MODES:
         S.set_stream_fence(fence)
         F.FENCE.reset()
         shim()
         torch.cuda.synchronize()
-        if fence == "ffi" and not F.FENCE.ffi:
+        if fence != "import" and not F.FENCE.ffi:
             print("FFI fence unavailable, the import ran:", F.FENCE.reason)
             continue
         rows.append((f"shim eager, {fence} fence, out= (call + sync)", per_call_us(shim, sync=True)))
         rows.append((f"shim host, {fence} fence, out= (no sync)", per_call_us(shim)))
         rows.append((f"shim host, {fence} fence, no out (no sync)", per_call_us(shim_new)))
-        if fence == "ffi":
+        if fence != "import":
             same = F.FENCE.handler_thread == threading.get_ident()
-            print(f"FFI handler ran on the {'calling' if same else 'another'} thread "
-                  f"(handled {F.FENCE.handled}, pending {F.pending()})")
+            print(f"{fence}: FFI handler ran on the {'calling' if same else 'another'} thread "
+                  f"(handled {F.FENCE.handled}, exports replaced by the signal "
+                  f"{F.FENCE.signalled}, pending {F.pending()})")
     S.set_stream_fence("import")
     small = torch.zeros((8,), device=dev, dtype=torch.int32)
     import jax
@@ -118,15 +119,19 @@ def main():
     S.set_stream_fence("ffi")
     if F.active(q.device):
         def ffi_call():
-            return F.dispatch(q.device, J.sparse_new, None, *jargs, use_prefill_config=False,
+            return F.dispatch(q.device, False, J.sparse_new, None, *jargs, use_prefill_config=False,
                               implementation=None, ffi_fence=True)
 
         rows.append(("  jitted call + FFI wait (record, queue, dispatch)", per_call_us(ffi_call)))
         rows.append(("  jitted call + FFI wait + to_torch of its result", per_call_us(
             lambda: I.to_torch(ffi_call()[0]))))
+        # Mode "ffi-signal" checks the result's pointer instead of exporting it: does that
+        # wait for the launch (or the computation)?
+        rows.append(("  jitted call + FFI wait + unsafe_buffer_pointer()", per_call_us(
+            lambda: ffi_call()[0].unsafe_buffer_pointer())))
 
         def push_alone():  # record + queue, then take it back as the handler would
-            key, entry = F._push(q.device)
+            key, entry, _ = F._push(q.device, False)
             F._PENDING[key].pop()
             F._SPARE[key[1]].append(entry[1])
 
@@ -145,7 +150,7 @@ def main():
     rows.append(("shim host, q a view of qkv (no sync)", per_call_us(
         lambda: S.qsa_sparse_paged_attention(q_view, k, v, li, bt, t2r, False, out, output_gate=gate))))
     rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res[0]).data_ptr())))
-    for fence in ("import", "ffi"):
+    for fence in F.MODES:
         S.set_stream_fence(fence)
         prof = cProfile.Profile()
         prof.enable()
@@ -163,7 +168,7 @@ def main():
     for kind in ("eager", "host"):
         base = found.get("original eager (call + sync)" if kind == "eager" else
                          "original host (no sync)")
-        for fence in ("import", "ffi"):
+        for fence in F.MODES:
             mine = found.get(f"shim {kind}, {fence} fence, out= " +
                              ("(call + sync)" if kind == "eager" else "(no sync)"))
             if base and mine:
