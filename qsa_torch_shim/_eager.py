@@ -82,7 +82,8 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     kv = _kv_arrays(k_cache, v_cache)
     # Every input is a cached import (the same tensor objects recur each step);
     # the stream order comes from one fresh import per call: the donated ``out``,
-    # or the fence (see ``_interop.PersistentImports``).
+    # or the fence (see ``_interop.PersistentImports``); or from the FFI wait inside
+    # the jitted call (``_ffi_fence``).
     args = (I.import_query(q), kv,
             I.import_arg(logical_indices, "logical_indices", large=False),
             I.import_arg(block_table, "block_table", large=False),
