@@ -32,15 +32,18 @@ from qsa_torch_shim.ops import (
     warmup_qsa_sparse_paged_attention,
     warmup_rows,
 )
+from qsa_torch_shim._ffi_fence import FENCE as FENCE_PATHS
 from qsa_torch_shim._private_api import PATHS as IMPORT_PATHS
 from qsa_torch_shim.latency import measure_eager_latency
 
 ORIGINAL_MODULE = "vllm.models.qwen4_exp.nvidia.ops.qsa"
 
 __all__ = [
+    "set_stream_fence",
     "set_tiling_table",
     "ShimCopyWarning",
     "clear_import_cache",
+    "FENCE_PATHS",
     "IMPORT_PATHS",
     "install",
     "installed_vllm_version",
@@ -62,6 +65,22 @@ def register_torch_ops():
     from qsa_torch_shim import _torch_ops
 
     return _torch_ops
+
+
+def set_stream_fence(mode: str) -> None:
+    """How each call is ordered after torch's current stream, from the next call on.
+
+    "import" (the default, also ``QSA_SHIM_FENCE=import``): a fresh DLPack import per
+    call (of the donated ``out``/cache, else of a one-element fence tensor).
+    "ffi" (``QSA_SHIM_FENCE=ffi``): a wait on an event recorded on torch's stream,
+    made by an XLA FFI custom call at the start of the jitted call; where it cannot
+    be set up, the import is used and ``FENCE_PATHS.reason`` says why.
+    "ffi-signal": "ffi", and calls with ``out=`` and the store end with a second
+    custom call that makes torch's stream wait for XLA's, in place of the export.
+    See notes/shim.md, "Session 6"."""
+    from qsa_torch_shim import _ffi_fence
+
+    _ffi_fence.set_mode(mode)
 
 
 def set_tiling_table(table: str | None) -> None:

@@ -9,8 +9,36 @@ from __future__ import annotations
 
 import torch
 
+from qsa_torch_shim import _ffi_fence as F
 from qsa_torch_shim import _interop as I
 from qsa_torch_shim import _jax_side as J
+
+
+def _dispatch(ffi: bool, device: torch.device, call, *args, **kwargs):
+    """``call(*args, **kwargs)``, a jitted call: inside the FFI wait's bookkeeping when
+    that fence is active (``_ffi_fence.dispatch``), else plainly (its arguments hold
+    the fresh import that orders it)."""
+    if ffi:
+        return F.dispatch(device, kwargs.get("ffi_signal", False), call, *args, **kwargs)
+    F.FENCE.imported += 1
+    return call(*args, **kwargs)
+
+
+def _landed(signal: bool, result, dest: torch.Tensor) -> bool:
+    """With the FFI signal: whether torch's stream already waits for the call and its
+    result is ``dest``'s memory, so the export (the handshake) can be skipped."""
+    return signal and F.await_signal(result) and result.unsafe_buffer_pointer() == dest.data_ptr()
+
+
+def _exported(ffi: bool, result, export, *args):
+    """``export(*args)`` (the torch side of ``result``); if it raises, let the FFI fence
+    drop the entry of an execution that failed before its wait ran."""
+    try:
+        return export(*args)
+    except BaseException:
+        if ffi:
+            F.settle_failed_call(result)
+        raise
 
 
 def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
@@ -54,7 +82,8 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     kv = _kv_arrays(k_cache, v_cache)
     # Every input is a cached import (the same tensor objects recur each step);
     # the stream order comes from one fresh import per call: the donated ``out``,
-    # or the fence (see ``_interop.PersistentImports``).
+    # or the fence (see ``_interop.PersistentImports``); or from the FFI wait inside
+    # the jitted call (``_ffi_fence``).
     args = (I.import_query(q), kv,
             I.import_arg(logical_indices, "logical_indices", large=False),
             I.import_arg(block_table, "block_table", large=False),
@@ -62,12 +91,20 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
             I.import_arg(gate, "output_gate"),
             None if scales is None else J.scale_arrays(scales, q))
     flag = bool(use_prefill_config)
+    ffi = F.active(q.device)
+    static = dict(use_prefill_config=flag, implementation=implementation,
+                  table=J.TILING_TABLE[0], ffi_fence=ffi)
     if out is not None and I.is_importable(out):
-        result = J.sparse_into(I.to_jax(out), *args, use_prefill_config=flag,
-                               implementation=implementation, table=J.TILING_TABLE[0])
-        return _write_back(result, out, "out")
-    result = I.to_torch(J.sparse_new(I.stream_fence(q.device), *args, use_prefill_config=flag,
-                                     implementation=implementation, table=J.TILING_TABLE[0]))
+        dest = I.to_jax(out, ordered=not ffi)
+        signal = F.signals(q.device)
+        result, _ = _dispatch(ffi, q.device, J.sparse_into, dest, *args, ffi_signal=signal,
+                              **static)
+        if _landed(signal, result, out):
+            return out
+        return _exported(ffi, result, _write_back, result, out, "out")
+    fence = None if ffi else I.stream_fence(q.device)
+    result, _ = _dispatch(ffi, q.device, J.sparse_new, fence, *args, **static)
+    result = _exported(ffi, result, I.to_torch, result)
     if out is None:
         return result
     I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
@@ -79,17 +116,23 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
     if not rows.shape[0]:
         return
     slots, slot_words = I.int_words(slot_mapping.reshape(-1), "slot_mapping")
-    rows_j = I.import_arg(rows, "rows")  # cached; the donated cache's fresh import is the fence
-    if I.is_importable(cache):
-        result = J.store_into(I.to_jax(cache), slots, rows_j, slots_are_words=slot_words,
-                              implementation=implementation)
-        _write_back(result, cache, "cache")
+    rows_j = I.import_arg(rows, "rows")  # cached; ordered by the cache's fresh import or the FFI wait
+    ffi = F.active(cache.device)
+    in_place = I.is_importable(cache)
+    if not in_place:
+        I.warn_copy("cache", "is not compact/aligned, so JAX cannot update it in place")
+    dest = cache if in_place else cache.contiguous().clone()
+    dest_j = I.to_jax(dest, ordered=not ffi)
+    signal = in_place and F.signals(cache.device)
+    result, _ = _dispatch(ffi, cache.device, J.store_into, dest_j, slots, rows_j,
+                          slots_are_words=slot_words, implementation=implementation, ffi_fence=ffi,
+                          ffi_signal=signal)
+    if _landed(signal, result, cache):
         return
-    I.warn_copy("cache", "is not compact/aligned, so JAX cannot update it in place")
-    work = cache.contiguous().clone()
-    result = J.store_into(I.to_jax(work), slots, rows_j, slots_are_words=slot_words,
-                          implementation=implementation)
-    cache.copy_(I.to_torch(result))
+    if in_place:
+        _exported(ffi, result, _write_back, result, cache, "cache")
+    else:
+        cache.copy_(_exported(ffi, result, I.to_torch, result))
 
 
 
@@ -145,10 +188,14 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
     qsl, qsl_w = I.int_words(query_start_loc, "query_start_loc")
     lp, lp_w = I.int_words(logical_positions, "logical_positions")
     slots, cs_w = I.int_words(compressed_slots, "compressed_slots")
-    pooled, first = J.compress(
-        I.stream_fence(raw_keys.device), I.import_arg(raw_keys, "raw_keys"), positions, ring, rope_words, bt, ttr, qsl,
+    ffi = F.active(raw_keys.device)
+    fence = None if ffi else I.stream_fence(raw_keys.device)
+    keys = I.import_arg(raw_keys, "raw_keys")
+    (pooled, first), _ = _dispatch(
+        ffi, raw_keys.device, J.compress, fence, keys, positions, ring, rope_words, bt, ttr, qsl,
         lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
         words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
-        implementation=implementation)
-    return I.to_torch(pooled), I.words_to_int64_tensor(first)
+        implementation=implementation, ffi_fence=ffi)
+    return _exported(ffi, (pooled, first), lambda: (I.to_torch(pooled),
+                                                   I.words_to_int64_tensor(first)))
 

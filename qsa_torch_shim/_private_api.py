@@ -14,7 +14,8 @@ torch 2.11-2.14):
 * ``jax._src.lib._jax.dlpack_managed_tensor_to_buffer``: the import itself;
 * ``torch._C._to_dlpack``: the capsule, without ``__dlpack__``'s stream work;
 * ``torch._C._cuda_getCurrentRawStream``: the current stream's handle, to skip
-  the stream handshake when torch and JAX already share a stream;
+  the stream handshake when torch and JAX already share a stream, and to record
+  the FFI fence's event on it (``_ffi_fence``);
 * ``Tensor._base``: the root of a view, whose lifetime bounds a cached import.
 
 If one of them moves, every import still works through the public route,
@@ -130,7 +131,7 @@ class _StreamHandshake(threading.local):
 _HANDSHAKE = _StreamHandshake()
 
 
-def to_jax(t: torch.Tensor) -> jax.Array:
+def to_jax(t: torch.Tensor, ordered: bool = True) -> jax.Array:
     """Zero-copy import of a compact, aligned tensor (stream handshake included).
 
     Same steps as ``jax.dlpack.from_dlpack`` (JAX's stream waits for torch's
@@ -138,6 +139,10 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     ``Tensor.__dlpack__`` and the dtype canonicalisation, which would silently
     narrow int64 -- the shim never passes int64 here (it imports their int32
     words), so 64-bit tensors take the public route.
+
+    ``ordered=False`` (CUDA): no handshake, and the import counts as ready at
+    once. Only for a call that orders itself after torch's stream in another
+    way (``_ffi_fence``: a wait inside the jitted call).
     """
     if t.dtype in _WIDE:
         PATHS._public(f"64-bit dtype {t.dtype}")
@@ -145,7 +150,10 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     try:
         device, stream, dl_type, to_buffer = _importer(t)
         if stream is not None and t.is_cuda and not t.requires_grad:
-            _HANDSHAKE.order_after_torch(t, stream)
+            if ordered:
+                _HANDSHAKE.order_after_torch(t, stream)
+            else:
+                stream = None  # no definition event: the call's own wait orders it
             capsule = torch._C._to_dlpack(t)
         else:
             capsule = t.__dlpack__(stream=stream)
@@ -155,6 +163,14 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         return jax.dlpack.from_dlpack(t)
     PATHS.fast += 1
     return array
+
+
+def current_raw_stream(index: int) -> int:
+    """The handle of torch's current CUDA stream on device ``index``."""
+    try:
+        return torch._C._cuda_getCurrentRawStream(index)
+    except _API_ERRORS:  # another torch: the public (slower) route
+        return torch.cuda.current_stream(index).cuda_stream
 
 
 def view_root(t: torch.Tensor) -> torch.Tensor:

@@ -391,8 +391,8 @@ def _record_imports(monkeypatch):
     imported = {}
     real = I.to_jax
 
-    def spy(t):
-        a = real(t)
+    def spy(t, **kw):
+        a = real(t, **kw)
         if t.numel():
             assert a.unsafe_buffer_pointer() == t.data_ptr(), "an import copied its tensor"
             imported[t.data_ptr()] = tuple(t.shape)
@@ -670,7 +670,7 @@ def test_gpu_strided_q_matches_original_without_copy(orig, gpu_pool, rows, monke
 
 
 @pytest.mark.gpu
-def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch):
+def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fence):
     g, kv = gpu_pool
     a, gate = _gpu_case(g, 64, 11, kv)
     imported = _record_imports(monkeypatch)
@@ -687,6 +687,7 @@ def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch):
         S.qsa_store_cache_rows(cache, slots, rows)
     assert got is out and out.data_ptr() == ptr and cache.data_ptr() == cptr
     assert imported[kv.data_ptr()] == tuple(kv.shape)
+    _assert_fence_ran(fence, 2, signalled=2)
     page, tok = slots // 16, slots % 16
     assert torch.equal(cache[page, tok, 0], rows)
 
@@ -752,17 +753,45 @@ def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
     return [it for it in range(n) if not torch.equal(results[it], expected[it % 2])]
 
 
+@pytest.fixture(params=["import", "ffi", "ffi-signal"])
+def fence(request):
+    """Each per-call stream fence: the fresh import, the FFI wait (``_ffi_fence``), and the
+    FFI wait with the FFI signal in place of the export for ``out=`` and the store."""
+    from qsa_torch_shim import _ffi_fence as F
+
+    previous = F.mode()
+    F.set_mode(request.param)
+    F.FENCE.reset()
+    yield request.param
+    F.set_mode(previous)
+
+
+def _assert_fence_ran(fence, calls, signalled=0):
+    """``calls`` calls went through ``fence`` (and ``signalled`` of them skipped the
+    export thanks to the FFI signal, in mode "ffi-signal")."""
+    from qsa_torch_shim import _ffi_fence as F
+
+    if fence == "import":
+        assert F.FENCE.imported >= calls and F.FENCE.ffi == 0, vars(F.FENCE)
+        return
+    assert F.FENCE.reason is None, F.FENCE.reason
+    assert F.FENCE.ffi >= calls and F.FENCE.imported == 0, vars(F.FENCE)
+    assert F.FENCE.signalled >= (signalled if fence == "ffi-signal" else 0), vars(F.FENCE)
+    assert F.pending() == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_out", [True, False], ids=["out", "new"])
-def test_gpu_stream_race(gpu_pool, with_out):
+def test_gpu_stream_race(gpu_pool, with_out, fence):
     """q and the counts are the same tensor objects every iteration, so their imports are
     cached: only the per-call fence (the donated ``out``, or ``stream_fence`` without
-    ``out``) orders JAX's reads after torch's writes."""
+    ``out``; or the FFI wait) orders JAX's reads after torch's writes."""
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
     bad = _race_iterations(g, kv, with_out)
-    assert not bad, f"stream race: iterations {bad} read stale or unwritten data"
+    assert not bad, f"stream race ({fence} fence): iterations {bad} read stale or unwritten data"
+    _assert_fence_ran(fence, 40, signalled=40 if with_out else 0)
 
 
 @pytest.mark.gpu
@@ -771,10 +800,37 @@ def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
+    from qsa_torch_shim import _ffi_fence as F
+
+    monkeypatch.setattr(F, "_MODE", ["import"])  # this control removes the import fence
     monkeypatch.setattr(I, "stream_fence", lambda device: None)
     bad = _race_iterations(g, kv, with_out=False)
     I.clear_import_cache()
     assert bad, "no stale read without the fence: the race test cannot detect a missing wait"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,switch,with_out", [
+    ("ffi", "SKIP_WAIT", True), ("ffi", "SKIP_WAIT", False), ("ffi-signal", "SKIP_SIGNAL", True)],
+    ids=["wait-out", "wait-new", "signal-out"])
+def test_gpu_stream_race_test_catches_a_missing_ffi_wait(gpu_pool, monkeypatch, mode, switch,
+                                                        with_out):
+    """Negative controls of the FFI modes: the handlers run (and keep the bookkeeping in
+    step) but skip the wait on torch's event (SKIP_WAIT), or, in mode "ffi-signal" where
+    the export is skipped, the signal's record and torch's wait (SKIP_SIGNAL); the race
+    test must then see stale inputs or an unwritten ``out``."""
+    from qsa_torch_shim import _ffi_fence as F
+
+    g, kv = gpu_pool
+    if g.name != "TP1":
+        pytest.skip("one geometry is enough")
+    monkeypatch.setattr(F, "_MODE", [mode])
+    monkeypatch.setattr(F, switch, [True])
+    F.FENCE.reset()
+    bad = _race_iterations(g, kv, with_out=with_out)
+    I.clear_import_cache()
+    _assert_fence_ran(mode, 40, signalled=40 if mode == "ffi-signal" else 0)
+    assert bad, f"no bad read with {switch}: the race test cannot detect a missing wait"
 
 
 @pytest.mark.gpu

@@ -2,9 +2,10 @@
 
     python3 tools/profile_shim.py [--rows 1] [--tp TP1]
 
-Prints the eager latency of the original (when loadable) and of the shim, the host
-time of each step of a shim call measured alone, and the top of a cProfile of
-repeated shim calls (sorted by own time).
+Prints the eager latency of the original (when loadable) and of the shim with each
+per-call stream fence (the fence import, and the FFI wait: notes/shim.md, Session 6),
+the host time of each step of a shim call measured alone, and the top of a cProfile
+of repeated shim calls (sorted by own time).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pathlib
 import pstats
 import statistics
 import sys
+import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -23,6 +25,7 @@ import torch  # noqa: E402
 
 import qsa_torch_shim as S  # noqa: E402
 from qsa_jax import arg_specs  # noqa: E402
+from qsa_torch_shim import _ffi_fence as F  # noqa: E402
 from qsa_torch_shim import _interop as I  # noqa: E402
 from qsa_torch_shim import _jax_side as J  # noqa: E402
 from qsa_torch_shim import ops as O  # noqa: E402
@@ -75,8 +78,24 @@ def main():
             lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate))))
     except Exception as exc:  # noqa: BLE001
         print("original not loadable:", exc)
-    rows.append(("shim eager (call + sync)", per_call_us(shim, sync=True)))
-    rows.append(("shim host (no sync)", per_call_us(shim)))
+    shim_new = lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate)  # noqa: E731
+    for fence in F.MODES:
+        S.set_stream_fence(fence)
+        F.FENCE.reset()
+        shim()
+        torch.cuda.synchronize()
+        if fence != "import" and not F.FENCE.ffi:
+            print("FFI fence unavailable, the import ran:", F.FENCE.reason)
+            continue
+        rows.append((f"shim eager, {fence} fence, out= (call + sync)", per_call_us(shim, sync=True)))
+        rows.append((f"shim host, {fence} fence, out= (no sync)", per_call_us(shim)))
+        rows.append((f"shim host, {fence} fence, no out (no sync)", per_call_us(shim_new)))
+        if fence != "import":
+            same = F.FENCE.handler_thread == threading.get_ident()
+            print(f"{fence}: FFI handler ran on the {'calling' if same else 'another'} thread "
+                  f"(handled {F.FENCE.handled}, exports replaced by the signal "
+                  f"{F.FENCE.signalled}, pending {F.pending()})")
+    S.set_stream_fence("import")
     small = torch.zeros((8,), device=dev, dtype=torch.int32)
     import jax
 
@@ -96,27 +115,64 @@ def main():
                              implementation=None))))
     rows.append(("  donated call (out import + dispatch)", per_call_us(
         lambda: J.sparse_into(I.to_jax(out), *jargs, use_prefill_config=False, implementation=None))))
-    rows.append(("  to_torch(result)", per_call_us(lambda: I.to_torch(res))))
+    rows.append(("  to_torch(result)", per_call_us(lambda: I.to_torch(res[0]))))
+    S.set_stream_fence("ffi")
+    if F.active(q.device):
+        def ffi_call():
+            return F.dispatch(q.device, False, J.sparse_new, None, *jargs, use_prefill_config=False,
+                              implementation=None, ffi_fence=True)
+
+        rows.append(("  jitted call + FFI wait (record, queue, dispatch)", per_call_us(ffi_call)))
+        rows.append(("  jitted call + FFI wait + to_torch of its result", per_call_us(
+            lambda: I.to_torch(ffi_call()[0]))))
+        # Mode "ffi-signal" checks the result's pointer instead of exporting it: does that
+        # wait for the launch (or the computation)?
+        rows.append(("  jitted call + FFI wait + unsafe_buffer_pointer()", per_call_us(
+            lambda: ffi_call()[0].unsafe_buffer_pointer())))
+
+        def push_alone():  # record + queue, then take it back as the handler would
+            key, entry, _ = F._push(q.device, False)
+            F._PENDING[key].pop()
+            F._SPARE[key[1]].append(entry[1])
+
+        rows.append(("  FFI record + queue alone", per_call_us(push_alone)))
+        rows.append(("  to_jax(out, ordered=False) (donated import, FFI fence)", per_call_us(
+            lambda: I.to_jax(out, ordered=False))))
+    S.set_stream_fence("import")
     # Does the export of a just-dispatched result wait for JAX's launch? Compare with
     # dispatch alone + export of a finished result (the two rows above).
     rows.append(("  jitted call + to_torch of its result", per_call_us(
-        lambda: I.to_torch(J.sparse_new(None, *jargs, use_prefill_config=False, implementation=None)))))
+        lambda: I.to_torch(J.sparse_new(None, *jargs, use_prefill_config=False,
+                                        implementation=None)[0]))))
     qkv = torch.randn((a.rows, (h + 2 * hk) * d), device=dev).to(torch.bfloat16)
     q_view = qkv[:, :h * d].view(a.rows, h, d)
     rows.append(("  import_query(strided q of qkv) (cached)", per_call_us(lambda: I.import_query(q_view))))
     rows.append(("shim host, q a view of qkv (no sync)", per_call_us(
         lambda: S.qsa_sparse_paged_attention(q_view, k, v, li, bt, t2r, False, out, output_gate=gate))))
-    rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res).data_ptr())))
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(300):
-        shim()
-    torch.cuda.synchronize()
-    prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res[0]).data_ptr())))
+    for fence in F.MODES:
+        S.set_stream_fence(fence)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(300):
+            shim()
+        torch.cuda.synchronize()
+        prof.disable()
+        print(f"\n--- cProfile, {fence} fence, 300 calls with out=")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    S.set_stream_fence("import")
     print(f"\nshim host profile, {a.tp} rows={a.rows} (µs per call, median of 5 x 300)")
     for name, us in rows:
-        print(f"{name:44s} {us:9.1f}")
+        print(f"{name:58s} {us:9.1f}")
+    found = dict(rows)
+    for kind in ("eager", "host"):
+        base = found.get("original eager (call + sync)" if kind == "eager" else
+                         "original host (no sync)")
+        for fence in F.MODES:
+            mine = found.get(f"shim {kind}, {fence} fence, out= " +
+                             ("(call + sync)" if kind == "eager" else "(no sync)"))
+            if base and mine:
+                print(f"shim / original, {kind}, {fence} fence, out=: {mine / base:.2f}x")
 
 
 if __name__ == "__main__":
