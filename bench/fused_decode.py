@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
 import statistics
@@ -89,6 +90,13 @@ def short(name: str) -> str:
         if key in name:
             return label
     return name[:28]
+
+
+def _run_original(mod, tq, k_t, v_t, tidx, tbt, tt2r, tgate, out_t):
+    """One timed unit of an original: its calls on every selection set, into ``out_t``."""
+    for idx in tidx:
+        mod.qsa_sparse_paged_attention(tq, k_t, v_t, idx, tbt, tt2r, False, out_t, output_gate=tgate)
+    return out_t
 
 
 def main(argv=None) -> int:
@@ -186,12 +194,11 @@ def main(argv=None) -> int:
                 rec["err_exact"][mode] = rel_err(t(jax.device_put(outs[mode][0]))[:m].float(), exact)
             for ver in ORIGINALS:
                 out_t = torch.empty_like(tq)
-
-                def run(ver=ver, out_t=out_t):
-                    for idx in tidx:
-                        mods[ver].qsa_sparse_paged_attention(tq, k_t, v_t, idx, tbt, tt2r, False, out_t,
-                                                             output_gate=tgate)
-                    return out_t
+                # Bound now: the trace runs every case's jobs after this loop has moved on,
+                # so a closure over the loop's variables would see the last case's tensors
+                # (the 2026-12-03 H200 run failed so: "output must match its query").
+                run = functools.partial(_run_original, mods[ver], tq, k_t, v_t, tuple(tidx), tbt, tt2r, tgate,
+                                        out_t)
                 run()
                 torch.cuda.synchronize()
                 # set 0's output for the error: run the first set alone
