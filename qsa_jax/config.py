@@ -143,8 +143,10 @@ VLLM_034_FP8_OVERRIDES: dict[tuple[int, int], dict[str, int]] = {(8, 0): dict(bl
 #   1-2 programs 0.88-0.94x, 4 1.01x, 8 1.07-1.13x, 16 1.02-1.06x (at 4-16 programs the
 #   Pallas kernel at 0.34's own tiling is as fast as 0.34; see notes/pallas.md),
 #   32 0.95-0.98x, 64-128 0.87-0.89x, 256 0.80-0.86x, 512 0.87-0.88x, 1024-2048
-#   0.95-0.98x, 4096 0.99-1.00x. Above 4096 programs (not reached by the sweep's budget)
-#   it keeps the 4096 winner, which is also vLLM's large-batch decode tiling.
+#   0.95-0.98x, 4096 0.99-1.00x. Above 4096 programs the 4096 winner, which is also vLLM's
+#   large-batch decode tiling; swept at 8192 programs on 2026-12-03 (session 6, 16 configs,
+#   bench/results/nvidia-h200_2026-12-03/session6/sweep8192/): the same winner, 0.99-1.00x.
+#   use_prefill_config takes it too (0.91x the originals' prefill tiling in the grid).
 H200_BF16 = _table("h200-bf16-measured",
                    [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 32, 4, 2)), (16, (16, 32, 4, 2)),
                     (32, (32, 16, 2, 2)), (64, (32, 8, 2, 3)), (128, (32, 4, 2, 3)), (256, (32, 2, 2, 3)),
@@ -165,8 +167,9 @@ H200_BF16 = _table("h200-bf16-measured",
 H200_FP8 = _table("h200-fp8-measured",
                   [(24, (64, 64, 2)), (32, (32, 16, 1)), (64, (32, 8, 2, 2)), (128, (32, 4, 1)),
                    (256, (32, 4, 1, 2)), (512, (32, 4, 1)), (2048, (32, 2, 1, 2))],
-                  # use_prefill_config was not swept; as in H200_BF16 it takes the 4096 winner
-                  # (0.34.0's prefill entry, launched at 2 warps, measured 2.07-2.15x of 0.34.0).
+                  # use_prefill_config was not swept; as in H200_BF16 it takes the 4096 winner:
+                  # TP1 2048 rows 1.40x of 0.34.0's prefill (0.34.0's entry launched at 2 warps
+                  # measured 2.07-2.15x; session6/fp8_prefill/).
                   large_decode=(32, 2, 1, 2))
 
 # This project's own tables, measured on a card of the given capability, same form as
