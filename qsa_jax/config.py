@@ -158,12 +158,13 @@ H200_BF16 = _table("h200-bf16-measured",
 # against 0.34.0's error (bench/results/nvidia-h200_2026-12-03/session6/fp8_sweep/sweep.md).
 # Entries with four numbers were measured; the others (no stages) are 0.34.0's sm_90 fp8
 # table, launched as with that table (one warp becomes two) until a sweep reaches them.
-# One warp wins from 256 programs: the fp8 kernel is issue-bound there (Nsight Compute,
-# TP1 1024 rows: 42% of DRAM bandwidth, half the issue slots busy) and a second warp
-# repeats part of the tile's work (498M instructions against 0.34.0's 303M at 1 warp).
-# Winner against 0.34.0, TP1 / TP4: 64 programs 1.04-1.09x, 256 1.22-1.36x,
-# 1024-2048 1.28-1.42x, 4096 1.06-1.11x (0.34.0's table launched by this project measured
-# 1.48-1.72x the same day).
+# One warp wins at 256 and 1024-4096 programs (128 and 512 were not swept). Likely why:
+# with 2 warps the fp8 kernel issued 498M instructions against 0.34.0's 303M at 1 warp,
+# with half the issue slots busy and 42% of DRAM bandwidth (Nsight Compute, TP1 1024 rows);
+# where the excess goes was not separated. Winner against 0.34.0, TP1 / TP4: 64 programs
+# 1.04-1.09x, 256 1.22-1.36x, 1024-2048 1.28-1.42x, 4096 1.06-1.11x (0.34.0's table
+# launched by this project, same day: 1.48-1.56x at TP1 256-2048 rows with the K
+# conversion on, 1.57-1.72x with it off).
 H200_FP8 = _table("h200-fp8-measured",
                   [(24, (64, 64, 2)), (32, (32, 16, 1)), (64, (32, 8, 2, 2)), (128, (32, 4, 1)),
                    (256, (32, 4, 1, 2)), (512, (32, 4, 1)), (2048, (32, 2, 1, 2))],
@@ -481,8 +482,8 @@ def pallas_fp8_keys_via_f16() -> bool:
     256 F2F.BF16.F16 and 128 PRMT per thread per 64-column tile disappear; registers
     and spills stay as they are (notes/pallas.md, "fp8 loads on sm_90"). Timed on an
     H200 (2026-12-03, TP1, fp8 table tilings; bench/results/nvidia-h200_2026-12-03/session6/):
-    busy time -10% at 256 rows, -8% at 1024, -5% at 2048 decode, +4% at 2048 prefill (one
-    run each), so it is on. A function so that tests and the benchmark can switch it.
+    device time (jitted chain) -10% at 256 rows, -8% at 1024, -5% at 2048 decode, +4% at
+    2048 prefill (one run each), so it is on. A function so that tests and the benchmark can switch it.
     """
     return True
 
