@@ -151,12 +151,17 @@ def gate_pre_pass(output_gate, attention, d_out, compute_dtype, *, delta_dtype=N
     return d_attention, delta, d_gate.reshape(output_gate.shape).astype(output_gate.dtype)
 
 
-def used_columns(problem: SparseAttentionProblem, logical_indices, columns):
-    """Whether each column (int array [C]) lies in a tile the forward consumes, per row [R, C]."""
+def consumed_end(problem: SparseAttentionProblem, logical_indices):
+    """Per row [R], the end of the columns the forward consumes: whole tiles of block_n
+    up to the count, at most num_tiles of them (0 for a count <= 0). Not clamped to W."""
     bn, w = problem.config.block_n, problem.selection_width
     count = jnp.minimum(logical_indices[:, w], w)
-    tile_end = jnp.clip((count + bn - 1) // bn, 0, problem.config.num_tiles)
-    return columns[None, :] < tile_end[:, None] * bn
+    return jnp.clip((count + bn - 1) // bn, 0, problem.config.num_tiles) * bn
+
+
+def used_columns(problem: SparseAttentionProblem, logical_indices, columns):
+    """Whether each column (int array [C]) lies in a tile the forward consumes, per row [R, C]."""
+    return columns[None, :] < consumed_end(problem, logical_indices)[:, None]
 
 
 def q_rows(problem: SparseAttentionProblem):

@@ -242,11 +242,7 @@ def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_t
         page, offset = row0 // (kv.num_kv_heads * kv.page_size), row0 % (kv.num_kv_heads * kv.page_size)
         acc0 = compaction[1][page] * (kv.num_kv_heads * kv.page_size) + offset
     if order == "selection":
-        count = jnp.minimum(logical_indices[:, w], w)
-        fwd_bn = p.config.block_n
-        # Columns the forward consumed: whole tiles of its block_n up to the count,
-        # at most num_tiles of them (0 for a count <= 0).
-        end = jnp.minimum(jnp.clip((count + fwd_bn - 1) // fwd_bn, 0, p.config.num_tiles) * fwd_bn, w)
+        end = jnp.minimum(B.consumed_end(p, logical_indices), w)  # columns the forward consumed
         entries = jnp.where(valid, row0, -1).astype(jnp.int32)
         acc = entries if compaction is None else jnp.where(valid, acc0, -1).astype(jnp.int32)
         return entries, acc, end.astype(jnp.int32)
