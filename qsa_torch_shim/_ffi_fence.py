@@ -54,7 +54,6 @@ registration refused by another jaxlib) the shim uses the fence import and
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import itertools
 import os
@@ -505,10 +504,15 @@ _LAST = _Last()
 
 def _forget(ticket) -> None:
     """Take back a call's queue entries that no handler took (its execution never ran
-    them); an unused signal's event goes back to the pool."""
+    them); their unused events go back to the pool."""
     key, entry, sig = ticket
-    with contextlib.suppress(ValueError):
-        _PENDING[key].remove(entry)  # ValueError: the handler took it (it ran)
+    try:
+        _PENDING[key].remove(entry)
+    except ValueError:
+        pass  # the handler took it (it ran) and recycled the event itself
+    else:
+        if entry[1] is not None:
+            _SPARE[key[1]].append(entry[1])
     if sig is not None:
         try:
             _SIGNALS[key].remove(sig)

@@ -344,3 +344,17 @@ def test_signal_handler_logic_with_a_fake_xla_api(monkeypatch):
 
     assert F.await_signal(Finished) is False
     assert F.pending() == 0
+
+
+def test_a_taken_back_gpu_entry_returns_its_event_to_the_pool(monkeypatch):
+    """A CUDA call whose wait never ran (failed dispatch or execution) gives its event back
+    to the device's pool, so failures do not leak CUDA events; an entry the handler took
+    is left to the handler (it recycles the event itself)."""
+    key = ("gpu", 5)
+    monkeypatch.setitem(F._PENDING, key, __import__("collections").deque([(7, 777), (8, 888)]))
+    monkeypatch.setitem(F._SPARE, 5, [])
+    F._forget((key, (7, 777), None))
+    assert F._SPARE[5] == [777] and list(F._PENDING[key]) == [(8, 888)]
+    F._PENDING[key].clear()  # as if the handler had taken (8, 888)
+    F._forget((key, (8, 888), None))
+    assert F._SPARE[5] == [777]
