@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
@@ -35,21 +34,6 @@ def arrival_context(text: str, pattern: str, before: int, after: int) -> str:
     return "\n".join(lines[max(0, hits[0] - before):hits[0] + after]) if hits else "(no match)"
 
 
-def ptxas(ptxas_path: str, ptx_path: str) -> tuple[dict[str, str], str]:
-    """Registers and spills (``ptxas -v``) and the SASS of one PTX file."""
-    cubin = ptx_path + ".cubin"
-    info = subprocess.run([ptxas_path, "-v", "--gpu-name=sm_90a", ptx_path, "-o", cubin],
-                          capture_output=True, text=True, check=True).stderr
-    sass = subprocess.run([os.path.join(os.path.dirname(ptxas_path), "cuobjdump"), "-sass", cubin],
-                          capture_output=True, text=True, check=True).stdout
-    with open(cubin + ".sass", "w") as f:
-        f.write(sass)
-    numbers = dict(registers=re.search(r"Used (\d+) registers", info).group(1),
-                   spill_stores=re.search(r"(\d+) bytes spill stores", info).group(1),
-                   spill_loads=re.search(r"(\d+) bytes spill loads", info).group(1))
-    return numbers, sass
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="keep the TTIR/PTX/SASS here (default: a temporary folder)")
@@ -60,7 +44,7 @@ def main() -> int:
 
     import qsa_jax
     import sm90_forward_ir as IR
-    from sm90_ptx_fp8 import compile_ttir
+    from sm90_ptx_fp8 import compile_ttir, ptxas_numbers
 
     IR.patch_for_sm90("h200")
     ptxas_path = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))[0]
@@ -80,7 +64,7 @@ def main() -> int:
                 ptx_path = path + ".ptx"
                 with open(ptx_path, "w") as f:
                     f.write(kernel.asm["ptx"])
-                info, sass = ptxas(ptxas_path, ptx_path)
+                info, sass = ptxas_numbers(ptxas_path, ptx_path)
                 print(f"| {name} | {merge} | {kname} | {w} | {s} | {info['registers']} | "
                       f"{info['spill_stores']}/{info['spill_loads']} |", flush=True)
                 if merge == "fused" and not shown:

@@ -84,19 +84,25 @@ def sass_loop(sass: str) -> tuple[int, collections.Counter]:
     return len(body), collections.Counter(t.split()[0].split(".")[0] for t in body)
 
 
-def ptxas_info(ptxas: str, ptx_path: str) -> dict[str, str]:
+def ptxas_numbers(ptxas: str, ptx_path: str) -> tuple[dict[str, str], str]:
+    """Registers and spills (``ptxas -v`` for sm_90a) and the SASS of one PTX file (the
+    cubin and its ``.sass`` are written beside it)."""
     cubin = ptx_path + ".cubin"
     info = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", ptx_path, "-o", cubin],
-                          capture_output=True, text=True).stderr
+                          capture_output=True, text=True, check=True).stderr
     sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin],
                           capture_output=True, text=True, check=True).stdout
     with open(cubin + ".sass", "w") as f:
         f.write(sass)
-    n, ops = sass_loop(sass)
     return dict(registers=re.search(r"Used (\d+) registers", info).group(1),
                 spill_stores=re.search(r"(\d+) bytes spill stores", info).group(1),
-                spill_loads=re.search(r"(\d+) bytes spill loads", info).group(1),
-                loop=f"{n} instructions: " + " ".join(f"{k} {ops.get(k, 0)}" for k in LOOP_OPCODES))
+                spill_loads=re.search(r"(\d+) bytes spill loads", info).group(1)), sass
+
+
+def ptxas_info(ptxas: str, ptx_path: str) -> dict[str, str]:
+    numbers, sass = ptxas_numbers(ptxas, ptx_path)
+    n, ops = sass_loop(sass)
+    return dict(numbers, loop=f"{n} instructions: " + " ".join(f"{k} {ops.get(k, 0)}" for k in LOOP_OPCODES))
 
 
 def compile_ttir(ttir: str, name: str, warps: int, stages: int, out_dir: str, label: str):
