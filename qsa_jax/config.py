@@ -155,19 +155,19 @@ H200_BF16 = _table("h200-bf16-measured",
 
 # fp8 caches (e4m3, scales 0.5 / 2.0) on an H200 (2026-12-03), ``python -m bench.hopper_sweep
 # --kv-dtype fp8`` beside vLLM 0.34.0 (the only original with fp8), same eligibility rule
-# against 0.34.0's error (bench/results/nvidia-h200_2026-12-03/session6/fp8_sweep/sweep.md).
-# Entries with four numbers were measured; the others (no stages) are 0.34.0's sm_90 fp8
-# table, launched as with that table (one warp becomes two) until a sweep reaches them.
-# One warp wins at 256 and 1024-4096 programs (128 and 512 were not swept). Likely why:
-# with 2 warps the fp8 kernel issued 498M instructions against 0.34.0's 303M at 1 warp,
-# with half the issue slots busy and 42% of DRAM bandwidth (Nsight Compute, TP1 1024 rows);
-# where the excess goes was not separated. Winner against 0.34.0, TP1 / TP4: 64 programs
-# 1.04-1.09x, 256 1.22-1.36x, 1024-2048 1.28-1.42x, 4096 1.06-1.11x (0.34.0's table
-# launched by this project, same day: 1.48-1.56x at TP1 256-2048 rows with the K
-# conversion on, 1.57-1.72x with it off).
+# against 0.34.0's error. Every bucket measured: 64, 256, 1024-4096 programs in
+# bench/results/nvidia-h200_2026-12-03/session6/fp8_sweep/, 1-32, 128 and 512 in
+# session7/fp8_sweep_small/ (tests/test_fp8.py checks each entry against those winners).
+# One warp wins from 256 programs. Likely why: with 2 warps the fp8 kernel issued 498M
+# instructions against 0.34.0's 303M at 1 warp, with half the issue slots busy and 42% of
+# DRAM bandwidth (Nsight Compute, TP1 1024 rows). Winner against 0.34.0, TP1 / TP4:
+# 1-4 programs 0.71-0.85x, 8 1.03-1.08x, 16 1.12-1.21x, 32 0.95-0.99x, 64 1.04-1.09x,
+# 128 1.07-1.10x, 256 1.22-1.36x, 512 1.32-1.39x, 1024-2048 1.28-1.42x, 4096 1.06-1.11x
+# (0.34.0's table launched by this project, same day: 1.48-1.56x at TP1 256-2048 rows).
 H200_FP8 = _table("h200-fp8-measured",
-                  [(24, (64, 64, 2)), (32, (32, 16, 1)), (64, (32, 8, 2, 2)), (128, (32, 4, 1)),
-                   (256, (32, 4, 1, 2)), (512, (32, 4, 1)), (2048, (32, 2, 1, 2))],
+                  [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (32, 64, 2, 3)), (16, (32, 32, 2, 1)),
+                   (32, (32, 16, 2, 2)), (64, (32, 8, 2, 2)), (128, (32, 4, 2, 2)), (256, (32, 4, 1, 2)),
+                   (2048, (32, 2, 1, 2))],
                   # use_prefill_config was not swept; as in H200_BF16 it takes the 4096 winner:
                   # TP1 2048 rows 1.40x of 0.34.0's prefill (0.34.0's entry launched at 2 warps
                   # measured 2.07-2.15x; session6/fp8_prefill/).

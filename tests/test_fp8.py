@@ -14,9 +14,12 @@ vLLM 0.34.0's originals where the harness can load them.
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+
 import pytest
 
 import qsa_jax
@@ -260,12 +263,34 @@ def test_measured_hopper_table():
     assert sel(32, 2, False, 2051, False, (9, 0)) == (32, 2, 65, 8)  # 64 programs
     assert cfgmod.table_tiling(64, False, capability=(9, 0)).stages == 3
     assert sel(4096, 2, True, 2051, False, (9, 0)) == (64, 2, 33, 1)  # prefill: the 4096 winner
-    assert sel(16, 2, False, 2051, True, (9, 0)) == sel(16, 2, False, 2051, True, (9, 0), table="vllm-0.34")
+    assert sel(16, 2, False, 2051, True, (9, 0)) == (32, 2, 65, 16)  # fp8, 32 programs: measured
     assert sel(512, 2, False, 2051, True, (9, 0)) == (32, 1, 65, 2)  # fp8, 1024 programs: measured
     assert sel(512, 2, False, 2051, True, (9, 0), table="vllm-0.34") == (32, 1, 65, 4)
     assert cfgmod.table_tiling(1024, False, is_fp8=True, capability=(9, 0)).stages == 2
     assert cfgmod.table_tiling(64, False, capability=(9, 0), table="vllm-0.34").stages is None
     assert sel(1, 2, False, 2051, False, (12, 0)) == sel(1, 2, False, 2051, False, (12, 0), table="vllm-0.34")
+
+
+H200_SWEEPS = Path(__file__).resolve().parents[1] / "bench" / "results" / "nvidia-h200_2026-12-03"
+
+
+@pytest.mark.parametrize("is_fp8, sweeps", [
+    (False, ["hopper_sweep", "session6/sweep8192"]),
+    (True, ["session6/fp8_sweep", "session7/fp8_sweep_small"]),
+])
+def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
+    """Each bucket's winner in the committed sweeps is the entry the H200 table picks for that
+    many programs (above LARGE_BATCH_PROGRAMS: the large-batch decode entry), and every band
+    of the table holds at least one swept bucket: no entry without a measurement behind it."""
+    table = cfgmod.MEASURED_TABLES[(9, 0)][is_fp8]
+    reached = set()
+    for name in sweeps:
+        for bucket in json.loads((H200_SWEEPS / name / "sweep.json").read_text())["buckets"]:
+            w = bucket["winner"]
+            got = cfgmod.table_tiling(bucket["programs"], False, is_fp8=is_fp8, capability=(9, 0))
+            assert got == cfgmod.Tiling(w["block_n"], w["splits"], w["warps"], w["stages"]), (name, bucket["programs"])
+            reached.add(next((b for b, _ in table.bands if bucket["programs"] <= b), None))
+    assert reached >= {b for b, _ in table.bands}, sorted({b for b, _ in table.bands} - reached)
 
 
 def test_cpu_default_is_the_030_table():
@@ -336,7 +361,7 @@ def test_reachable_configs_and_warmup_with_fp8():
     assert {cfgmod.select_config(r, 2, f, 2051, True) for r in rows for f in (False, True)} == \
         set(cfgmod.reachable_configs(2, 2051, is_fp8=True))
     sm90 = {tuple(c) for c in cfgmod.reachable_configs(2, 2051, is_fp8=True, capability=(9, 0))}
-    assert (64, 2, 33, 33) in sm90 and (32, 1, 65, 4) in sm90
+    assert (64, 8, 33, 33) in sm90 and (32, 1, 65, 4) in sm90 and (32, 1, 65, 2) in sm90  # H200_FP8 entries
     kv = _fp8(C.bf16_random(np.random.default_rng(0), (4, 2, 8, 32))).view(np.uint8)
     table = np.zeros((2, 3), np.int32)
     with pytest.raises(ValueError, match="with_scales"):
