@@ -20,7 +20,9 @@ if [ -z "${NO_PLANT:-}" ]; then
   line "$log" $? "planted-control"
 fi
 for impl in ${IMPLS:-pallas triton}; do
-  for part in ${PARTS:-sparse0 sparse1 sparse2 sparse3 indexer}; do
+  parts="sparse0 sparse1 sparse2 sparse3 indexer"
+  [ "$impl" = pallas ] && parts="$parts fp8 fused backward"  # Pallas-only parts (memcheck.py)
+  for part in ${PARTS:-$parts}; do
     log="$OUT/memcheck_${impl}_${part}.log"
     timeout "${PART_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 3 \
       python3 tools/memcheck.py --impl "$impl" --part "$part" > "$log" 2>&1

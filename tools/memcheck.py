@@ -80,12 +80,77 @@ def _impls(op: str, only: str | None) -> list[str]:
             if i != "xla" and (only is None or i == only)]
 
 
+# Extra parts on shapes 0 (1 row, W 2051: many splits) and 2 (300 rows, W 259): fp8
+# caches with scales, the single-launch merge, and the Pallas backward (atomic adds into the
+# dK|dV accumulator: a stray address there writes, not just reads).
+EXTRA_PARTS = ("fp8", "fused", "backward")
+EXTRA_SHAPES = (0, 2)
+
+
+def _fp8_caches(case):
+    """e4m3 values (3x spread, like the GPU parity test) and the same bytes as uint8. The
+    poison survives: NaN V stays NaN, the large K saturates to e4m3 NaN -- either way a
+    stray read makes the output NaN or takes the softmax (so it shows)."""
+    e4m3 = (case.kv_cache.astype(np.float32) * 3.0).astype(C.E4M3)
+    return {"e4m3": e4m3, "bytes": e4m3.view(np.uint8)}
+
+
+def _extra_part(name, case, impl, args, results, label):
+    if name == "fp8":
+        for fmt, kv in _fp8_caches(case).items():
+            fp8_args = (args[0], kv) + args[2:]
+            out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
+                                                            implementation=i)) for i in (impl, "xla"))
+            _record(results, f"{label} fp8 {fmt}", _agrees(out, ref))
+    elif name == "fused":
+        out = np.asarray(qsa_jax.sparse_attention(*args, implementation=impl,
+                                                  launch=qsa_jax.PallasLaunch(merge="fused")))
+        ref = np.asarray(qsa_jax.sparse_attention(*args, implementation="xla"))
+        _record(results, f"{label} fused merge", _agrees(out, ref))
+    elif name == "backward":
+        _record(results, f"{label} backward", _backward_agrees(case, args, impl))
+
+
+def _backward_agrees(case, args, impl) -> bool:
+    """jax.vjp through ``impl`` against the XLA backward on the same adversarial inputs:
+    every gradient finite, within 5% (Frobenius) of XLA's, and exactly zero on every cache
+    row no valid entry reads (those hold the NaN poison)."""
+    import jax
+    import jax.numpy as jnp
+
+    q, kv, li, bt, tr, gate = (jnp.asarray(a) for a in args)
+    ct = jnp.asarray(C.bf16_random(np.random.default_rng(5), case.q.shape))
+
+    def grads(name):
+        f = lambda q, kv, g: qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation=name)
+        return [np.asarray(x, np.float64) for x in jax.vjp(f, q, kv, gate)[1](ct)]
+
+    ok = True
+    got = grads(impl)
+    for which, mine, want in zip(("dq", "dkv", "dgate"), got, grads("xla")):
+        rel = np.linalg.norm(mine - want) / max(np.linalg.norm(want), 1e-30)
+        finite = bool(np.isfinite(mine).all())
+        print(f"     {which}: rel_err={rel:.2e} finite={finite}")
+        ok &= finite and rel <= 0.05
+    stray = ~C.referenced_rows(case)  # [NB, P]; dkv is [NB, Hk, P, 2D]
+    zero = bool((got[1][np.broadcast_to(stray[:, None, :, None], got[1].shape)] == 0).all())
+    print(f"     unreferenced rows' dkv all zero: {zero}")
+    return ok and zero
+
+
 def main(only: str | None = None, part: str | None = None) -> int:
-    """``part``: None (everything), "sparse<i>" (shape i of SPARSE_SHAPES) or "indexer"."""
+    """``part``: None (everything), "sparse<i>" (shape i of SPARSE_SHAPES), "indexer", or one
+    of EXTRA_PARTS (Pallas only; shapes EXTRA_SHAPES, fused cache)."""
     rng = np.random.default_rng(0)
     results = []
     for i, (rows, heads, kv_heads, width) in enumerate(SPARSE_SHAPES):
         case = adversarial_sparse_case(rng, rows, heads, kv_heads, 256, 16, width)
+        if part in EXTRA_PARTS:
+            if i in EXTRA_SHAPES and only in (None, "pallas"):
+                args = (case.q, case.kv_cache, case.logical_indices, case.block_table,
+                        case.token_to_req, case.output_gate)
+                _extra_part(part, case, "pallas", args, results, f"pallas rows={rows} W={width}")
+            continue
         if part is not None and part != f"sparse{i}":
             continue  # (the case is still drawn: every part sees the same inputs)
         # XLA's gather clamps indices itself; the kernels are what is checked.
@@ -103,7 +168,7 @@ def main(only: str | None = None, part: str | None = None) -> int:
                             _agrees(out, ref))
 
     if part is not None and part != "indexer":
-        return _summary(results)
+        return _summary(results)  # (an extra part ends here too)
     comp = C.compress_case(rng, chunk_lens=[1, 5, 40, 2, 9], edge=True)
     comp.compressor_state_block_table[:] = rng.choice([-(2**31), -1, 10**6, 2**31 - 1], (5, 1))
     comp.token_to_req[:] = rng.choice([-(2**31), -1, 0, 4, 5, 2**31 - 1], comp.token_to_req.size)
@@ -172,6 +237,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="memcheck driver (run under compute-sanitizer)")
     ap.add_argument("--plant", action="store_true", help="run only the planted out-of-bounds control")
     ap.add_argument("--impl", choices=("pallas", "triton"), help="check one implementation only")
-    ap.add_argument("--part", help="sparse0..sparse%d (one sparse shape) or indexer" % (len(SPARSE_SHAPES) - 1))
+    ap.add_argument("--part", help="sparse0..sparse%d (one sparse shape), indexer, or one of %s"
+                    % (len(SPARSE_SHAPES) - 1, ", ".join(EXTRA_PARTS)))
     a = ap.parse_args()
     sys.exit(planted_out_of_bounds() if a.plant else main(a.impl, a.part))
