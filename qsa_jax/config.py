@@ -488,6 +488,28 @@ def pallas_fp8_keys_via_f16() -> bool:
     return True
 
 
+def pallas_fp8_value_pairs() -> bool:
+    """Whether the Pallas sparse-attention kernel reads an fp8 V tile as byte pairs: the
+    [BN, D] tile is split into its even and odd columns ([BN, D/2] each, adjacent bytes
+    of a row, so the split is free in registers), each converted to fp16 and multiplied
+    by the probabilities in its own dot into its own [M, D/2] accumulator; the two are
+    interleaved back into [M, D] after the tile loop.
+
+    Why: P.V reduces over the tile's rows, but a row's D bytes are what is contiguous, and
+    sm_90 has no 8-bit transposing shared-memory load; so Triton (and vLLM 0.34.0's
+    kernel) reads the fp8 V operand out of shared memory one byte per element (256
+    ``ld.shared.b8`` per thread per bn32 tile at 1 warp, plus the byte packing for the
+    e4m3 pair conversion). The split blocks that: the V tile is read in wide words, the
+    pairs convert in place, and the fp16 halves reach the dot through one shared-memory
+    transpose of 16-bit words (``ldmatrix.trans``), as a bf16 V tile does.
+    Every output column is the same dot over the same rows in the same order, so the
+    result is bit-identical (CPU interpret test; GPU test in tests/test_fp8.py).
+    Effect on the sm_90 lowering and the H200: notes/pallas.md, session 7. Off until
+    measured on the GPU. A function so that tests and the benchmark can switch it.
+    """
+    return False
+
+
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
 # Up to this many (row, head) pairs the merge splits D, for more programs than SMs.

@@ -404,13 +404,20 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
     assert re.search(r"tt.dot .*tensor<16x32xf16> \* tensor<32x256xf16>", ttir)
 
 
+# Kernel variants for fp8 caches that must not change a bit of the output, switched by
+# a qsa_jax.config function: the K conversion through f16/f32, and V read as byte pairs
+# (even/odd columns in two dots).
+BIT_IDENTICAL_KNOBS = ["pallas_fp8_keys_via_f16", "pallas_fp8_value_pairs"]
+
+
+@pytest.mark.parametrize("knob_name", BIT_IDENTICAL_KNOBS)
 @pytest.mark.parametrize("as_bytes", [False, True])
-def test_pallas_fp8_keys_via_f16_is_bit_identical(as_bytes, monkeypatch):
-    """The opt-in K conversion e4m3 -> f16 -> f32 -> bf16 (config.pallas_fp8_keys_via_f16)
-    gives the default's output bit for bit (Pallas, interpret mode). K holds every finite
-    e4m3 code (subnormals, +-0, +-448) so each conversion is exercised; unreferenced rows
-    are poisoned (K 448, V NaN), so the variant's masking is checked too. (Degenerate rows
-    do not reach the conversion differently; the other tests cover them.)"""
+def test_pallas_fp8_knob_is_bit_identical(knob_name, as_bytes, monkeypatch):
+    """Each fp8 kernel variant (BIT_IDENTICAL_KNOBS) gives the other setting's output bit
+    for bit (Pallas, interpret mode). K and V each hold every finite e4m3 code (subnormals,
+    +-0, +-448) so each conversion is exercised; unreferenced rows are poisoned (K 448,
+    V NaN), so the variant's masking is checked too. (Degenerate rows do not reach the
+    conversion differently; the other tests cover them.)"""
     from qsa_jax.ops.sparse_attention.api import _run as jitted
 
     rng = np.random.default_rng(31)
@@ -425,11 +432,13 @@ def test_pallas_fp8_keys_via_f16_is_bit_identical(as_bytes, monkeypatch):
     assert read >= finite.size
     keys[~unref[..., :d]] = np.resize(rng.permutation(finite), read)  # every code is read
     keys[unref[..., :d]] = 0x7E
-    bits[..., d:][unref[..., d:]] = 0x7F
+    values = bits[..., d:]
+    values[~unref[..., d:]] = np.resize(rng.permutation(finite), read)
+    values[unref[..., d:]] = 0x7F
     kv = bits if as_bytes else bits.view(E4M3)
     outs = []
     for knob in (False, True):
-        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        monkeypatch.setattr(cfgmod, knob_name, lambda knob=knob: knob)
         jitted.clear_cache()  # the knob is read while tracing
         outs.append(_run(case, kv, "pallas", cfg, k_scale=K_SCALE, v_scale=V_SCALE))
     jitted.clear_cache()
@@ -718,11 +727,13 @@ def test_host_scales_first_seen_inside_a_jit_do_not_leak():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [(64, 2, 33, 1), (32, 2, 65, 4)])
-def test_gpu_pallas_fp8_keys_via_f16_is_bit_identical(config, monkeypatch):
-    """On the GPU (real conversion instructions): the opt-in K conversion through f16/f32
-    gives the default's output bit for bit, at the TP1 shapes and the fp8 table's two
-    bandwidth-bound launches; the cache holds random finite e4m3 bytes."""
+@pytest.mark.parametrize("knob_name", BIT_IDENTICAL_KNOBS)
+@pytest.mark.parametrize("config", [(64, 2, 33, 1), (32, 2, 65, 4), (32, 1, 65, 2)])
+def test_gpu_pallas_fp8_knob_is_bit_identical(knob_name, config, monkeypatch):
+    """On the GPU (real conversion and MMA instructions): each fp8 kernel variant
+    (BIT_IDENTICAL_KNOBS) gives the other setting's output bit for bit, at the TP1 shapes
+    and the fp8 tables' bandwidth-bound launches (2 and 1 warps); the cache holds random
+    finite e4m3 bytes."""
     import jax
 
     from qsa_jax.ops.sparse_attention.api import _run as jitted
@@ -736,7 +747,7 @@ def test_gpu_pallas_fp8_keys_via_f16_is_bit_identical(config, monkeypatch):
     kv = jax.device_put(rng.choice(finite, case.kv_shape))
     outs = []
     for knob in (False, True):
-        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        monkeypatch.setattr(cfgmod, knob_name, lambda knob=knob: knob)
         jitted.clear_cache()
         outs.append(_run(case, kv, "pallas", config, k_scale=K_SCALE, v_scale=V_SCALE))
     jitted.clear_cache()

@@ -105,13 +105,39 @@ def ptxas_info(ptxas: str, ptx_path: str) -> dict[str, str]:
     return dict(numbers, loop=f"{n} instructions: " + " ".join(f"{k} {ops.get(k, 0)}" for k in LOOP_OPCODES))
 
 
+def ttir_passes(path: str, warps: int, stages: int) -> str:
+    """The TTIR in ``path`` after Triton's own TTIR passes (``make_ttir``: inliner,
+    canonicalize, combine, CSE, loop unroll), as text.
+
+    ``triton.compile`` skips the passes of the stage an IR file is given at, but XLA
+    runs the same list on a Pallas kernel's Triton IR before TTGIR (its
+    compilation pipeline mirrors ``make_ttir``). Without them the lowering here
+    differs from the GPU's: e.g. ``acc * alpha + dot(p, v)`` stays two ops instead of
+    the combine pass's ``dot(p, v, acc * alpha)``, one accumulator tile more live."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = ir.parse_mlir_module(path, context)
+    module.context = context
+    backend.make_ttir(module, {}, backend.parse_options(dict(num_warps=warps, num_stages=stages)), 90)
+    return module.str_nodebug()
+
+
 def compile_ttir(ttir: str, name: str, warps: int, stages: int, out_dir: str, label: str):
     import triton
     from triton.backends.compiler import GPUTarget
 
+    raw = os.path.join(out_dir, f"{label}.{name}.lowered.ttir")
+    with open(raw, "w") as f:
+        f.write(ttir)
     path = os.path.join(out_dir, f"{label}.{name}.ttir")
     with open(path, "w") as f:
-        f.write(ttir)
+        f.write(ttir_passes(raw, warps, stages))
     kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=stages))
     return kernel, path
@@ -247,6 +273,8 @@ def main() -> int:
     ap.add_argument("--vllm-warps", type=int, default=None, help="vLLM's warps (default: as ours, 2)")
     ap.add_argument("--knob", action="append", default=[], help="qsa_jax.config function to force True")
     ap.add_argument("--only", default="bf16,e4m3,uint8")
+    ap.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
+                    help="labels of CONFIGS to compile (comma-separated)")
     a = ap.parse_args()
 
     import triton
@@ -266,7 +294,7 @@ def main() -> int:
     out_dir = a.out or tempfile.mkdtemp(prefix="sm90_ptx_fp8_")
     os.makedirs(out_dir, exist_ok=True)
     rows = []
-    for label, bn, splits, warps in CONFIGS:
+    for label, bn, splits, warps in (c for c in CONFIGS if c[0] in a.configs.split(",")):
         for dtype_name in a.only.split(","):
             for name, ttir, w, stages in pallas_kernels(dtype_name, bn, splits, warps):
                 if name != "qsa_sparse_attention":

@@ -56,7 +56,7 @@ from qsa_jax.ops.sparse_attention.base import (
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
                       masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False,
-                      fused_merge: bool = False, merge_block_d: int = 0):
+                      fp8_value_pairs: bool = False, fused_merge: bool = False, merge_block_d: int = 0):
     # With k/v scales a (2,) fp32 ref [score scale, output scale] precedes the outputs.
     # With ``fused_merge`` (several splits) the zeroed arrival counters follow as an input,
     # aliased to the last output (see _merge_if_last).
@@ -92,6 +92,9 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
     scale = scales_ref[0] if p.scaled else (d ** -0.5) * LOG2_E
     key_dtype, value_dtype = operand_dtypes(p)
+    # fp8 V in even/odd column halves (config.pallas_fp8_value_pairs): P.V is two dots
+    # of D/2 columns each, with one accumulator per half, interleaved back at the end.
+    value_pairs = fp8_value_pairs and p.is_fp8
 
     def tile_entries(tile):
         """Cache rows and validity of one tile's BN selected entries (always in
@@ -109,20 +112,34 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         keys_t = as_e4m3(keys_t)
         if fp8_keys_via_f16 and p.is_fp8:  # exact either way; see config.pallas_fp8_keys_via_f16
             keys_t = keys_t.astype(jnp.float16).astype(jnp.float32)
-        return keys_t.astype(key_dtype), as_e4m3(values).astype(value_dtype)
+        values = as_e4m3(values)
+        if value_pairs:
+            # Each thread keeps the byte pairs (2c, 2c+1) of a row as loaded; the split is
+            # register renaming, so Triton reads the fp8 tile out of shared memory in wide
+            # words and transposes 16-bit halves for the dot (instead of one byte per element).
+            even, odd = lax.unstack(values.astype(value_dtype).reshape(bn, d // 2, 2), axis=-1)
+            return keys_t.astype(key_dtype), (even, odd)
+        return keys_t.astype(key_dtype), values.astype(value_dtype)
 
     def attend(state, keys_t, values, valid):
-        acc, norm, run_max = state  # [M, D], [M], [M] fp32
+        acc, norm, run_max = state  # [M, D] ([M, D/2] x 2 with value_pairs), [M], [M] fp32
         scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * scale  # [M, BN]
         scores = jnp.where(valid[None, :], scores, MASKED_SCORE)
         new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
         alpha = jnp.exp2(run_max - new_max)
         probs = jnp.where(valid[None, :], jnp.exp2(scores - new_max[:, None]), 0.0)
         # P.V with bf16 (fp8 cache: fp16) probabilities; the normaliser sums the fp32 ones.
-        pv = jnp.dot(probs.astype(value_dtype), values, preferred_element_type=jnp.float32)
-        return acc * alpha[:, None] + pv, norm * alpha + jnp.sum(probs, axis=1), new_max
+        # Written acc * alpha + dot: Triton's combine pass makes it dot(p, v, acc * alpha).
+        probs_v = probs.astype(value_dtype)
+        if value_pairs:
+            acc = tuple(a * alpha[:, None] + jnp.dot(probs_v, v, preferred_element_type=jnp.float32)
+                        for a, v in zip(acc, values))
+        else:
+            acc = acc * alpha[:, None] + jnp.dot(probs_v, values, preferred_element_type=jnp.float32)
+        return acc, norm * alpha + jnp.sum(probs, axis=1), new_max
 
-    init = (jnp.zeros((block_m, d), jnp.float32), jnp.zeros((block_m,), jnp.float32),
+    acc0 = jnp.zeros((block_m, d // 2 if value_pairs else d), jnp.float32)
+    init = ((acc0, acc0) if value_pairs else acc0, jnp.zeros((block_m,), jnp.float32),
             jnp.full((block_m,), MASKED_SCORE, jnp.float32))
     if prefetch:
         # Software-pipelined by hand: the index -> block-table loads of the next
@@ -145,6 +162,8 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
 
         acc, norm, run_max = lax.fori_loop(0, num_steps, body, init)
 
+    if value_pairs:  # columns 2c and 2c+1 back side by side
+        acc = lax.stack(acc, axis=-1).reshape(block_m, d)
     has_values = norm > 0
     safe_norm = jnp.maximum(norm, 1.0e-20)
     out = normalised(acc, norm, scales_ref[1] if p.scaled else None)
@@ -383,6 +402,7 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
                                masked=not interpreted, prefetch=launch.prefetch,
                                fp8_keys_via_f16=config.pallas_fp8_keys_via_f16(),
+                               fp8_value_pairs=config.pallas_fp8_value_pairs(),
                                fused_merge=fused, merge_block_d=launch.merge_block_d)
     inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     inputs += (scales,) if p.scaled else ()

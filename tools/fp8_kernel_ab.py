@@ -1,0 +1,115 @@
+"""Time the Pallas fp8 sparse-attention kernel against vLLM 0.34.0's at fixed tilings, kernel by kernel.
+
+    python3 tools/fp8_kernel_ab.py [--programs 256,1024,2048] [--geometries TP1,TP4]
+        [--configs 32/4/1/2,32/2/1/2] [--knob NAME] [--out DIR]
+
+Why (notes/pallas.md, session 7): the fp8 sweep compares each implementation at its own
+best tiling; to find *where* our kernel loses, this times both at the same tilings
+(``block_n/splits/warps/stages``), on the same fresh selections (bench.hopper_sweep's
+``Case``: fp8 e4m3 cache, k/v scales 0.5 / 2.0), and reports the busy time per call split
+by kernel name (attention kernel, merge, anything else XLA launches), from one profiler
+trace per job (``bench.kernel_trace``). ``--knob NAME`` runs every Pallas config twice,
+with ``qsa_jax.config.NAME()`` forced False and True, and checks that the two outputs are
+bit-identical (the knob's contract) besides each one's error from exact attention.
+Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", default="256,1024,2048")
+    ap.add_argument("--geometries", default="TP1,TP4")
+    ap.add_argument("--configs", default="32/4/1/2,32/2/1/2", help="block_n/splits/warps/stages, comma-separated")
+    ap.add_argument("--knob", default=None, help="qsa_jax.config function to A/B (False, then True)")
+    ap.add_argument("--n-sets", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+
+    import jax
+    import numpy as np
+    import torch
+
+    from bench import hopper_sweep as hs
+    from bench import inputs, kernel_trace
+    from qsa_jax import config
+    from qsa_testing import originals
+
+    mods = {"0.34.0": originals.load("0.34.0")}
+    pools = {}
+    for name in a.geometries.split(","):
+        geo = inputs.geometry(name, cpu=False, pool_gb=2.0)
+        pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=True)
+    variants = []
+    for spec in a.configs.split(","):
+        bn, splits, warps, stages = (int(x) for x in spec.split("/"))
+        variants.append(hs.Variant(block_n=bn, splits=splits, warps=warps, stages=stages))
+    knob_values = (False, True) if a.knob else (None,)
+    if a.knob and not callable(getattr(config, a.knob, None)):
+        raise ValueError(f"--knob {a.knob}: no such function in qsa_jax.config")
+    original_knob = getattr(config, a.knob) if a.knob else None
+    results = []
+
+    def traced(run, wait):
+        s = kernel_trace.trace_runs(run, runs=a.runs, calls_per_run=a.n_sets, wait=wait)
+        return None if s is None else dict(busy_us=s.busy_us_per_call, by_kernel=s.mean_us_by_kernel)
+
+    for programs in (int(x) for x in a.programs.split(",")):
+        for geo_name in a.geometries.split(","):
+            per_head = 2 if geo_name == "TP1" else 1  # TP1: 2 KV heads; TP4: 1
+            rows = programs // per_head
+            case = hs.Case(geo_name, rows, a.n_sets, pools, mods, seed=programs + per_head, scales=hs.FP8_SCALES)
+            run, _ = case.original_calls("0.34.0", False)
+            run()
+            torch.cuda.synchronize()
+            orig = traced(run, lambda _: torch.cuda.synchronize())
+            line = dict(programs=programs, geometry=geo_name, rows=rows,
+                        original_config=case.original_config("0.34.0", False), original=orig, pallas=[])
+            print(f"{geo_name} {programs} programs: 0.34.0 {case.original_config('0.34.0', False)} "
+                  f"{orig and round(orig['busy_us'], 1)} us", flush=True)
+            for v in variants:
+                outs = {}
+                for knob in knob_values:
+                    if a.knob:
+                        setattr(config, a.knob, lambda *args, _k=knob, **kw: _k)
+                    try:
+                        fn = hs.build_fn(case, v).lower(*case.args).compile()
+                    finally:
+                        if a.knob:
+                            setattr(config, a.knob, original_knob)
+                    out = jax.block_until_ready(fn(*case.args))[0]
+                    outs[knob] = np.asarray(jax.device_get(out))
+                    got = torch.from_dlpack(out)[: case.exact_rows]
+                    t = traced(lambda fn=fn: fn(*case.args), jax.block_until_ready)
+                    rec = dict(variant=dataclasses.asdict(v), knob=knob, timing=t,
+                               err_exact=hs.rel_err(got, case.exact))
+                    line["pallas"].append(rec)
+                    kernels = ", ".join(f"{n[:40]} {us:.1f}" for n, us in sorted((t or {}).get("by_kernel", {}).items(),
+                                                                                  key=lambda kv: -kv[1]))
+                    ratio = t["busy_us"] / orig["busy_us"] if t and orig else float("nan")
+                    print(f"  pallas {v.key()} knob={knob}: {t and round(t['busy_us'], 1)} us ({ratio:.2f}x) "
+                          f"err {rec['err_exact']:.3e} [{kernels}]", flush=True)
+                if a.knob:
+                    same = outs[False].tobytes() == outs[True].tobytes()
+                    line.setdefault("knob_bit_identical", {})[v.key()] = same
+                    print(f"  {a.knob} off/on bit-identical at {v.key()}: {same}", flush=True)
+            results.append(line)
+            if a.out:
+                os.makedirs(a.out, exist_ok=True)
+                with open(os.path.join(a.out, "ab.json"), "w") as f:
+                    json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
