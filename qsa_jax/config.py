@@ -499,13 +499,30 @@ def pallas_fp8_value_pairs() -> bool:
     sm_90 has no 8-bit transposing shared-memory load; so Triton (and vLLM 0.34.0's
     kernel) reads the fp8 V operand out of shared memory one byte per element (256
     ``ld.shared.b8`` per thread per bn32 tile at 1 warp, plus the byte packing for the
-    e4m3 pair conversion). The split blocks that: the V tile is read in wide words, the
-    pairs convert in place, and the fp16 halves reach the dot through one shared-memory
-    transpose of 16-bit words (``ldmatrix.trans``), as a bf16 V tile does.
+    e4m3 pair conversion). Split, a pair of adjacent bytes is one 16-bit shared load and
+    one pair conversion (128 ``ld.shared.b16``, no packing); its halves are then paired
+    by row with a byte permute for the dot. As a side effect Triton also picks 16-byte
+    instead of 8-byte async copies for the K gather.
     Every output column is the same dot over the same rows in the same order, so the
     result is bit-identical (CPU interpret test; GPU test in tests/test_fp8.py).
     Effect on the sm_90 lowering and the H200: notes/pallas.md, session 7. Off until
     measured on the GPU. A function so that tests and the benchmark can switch it.
+    """
+    return False
+
+
+def pallas_fp8_keys_f16_dot() -> bool:
+    """Whether the Pallas sparse-attention kernel computes q.K^T for an fp8 cache as an
+    fp16 dot: K converted e4m3 -> fp16 only (one instruction per pair), and q rescaled
+    once per program by a power of two per query row into fp16's range, the scores scaled
+    back (``pallas._f16_query`` says why that is exact).
+
+    Why: with a bf16 dot every K element of every tile takes e4m3 -> f16 -> f32 -> bf16
+    (``pallas_fp8_keys_via_f16``: 2 HADD2.F32 + 1 F2FP per pair after the e4m3 pair
+    conversion), 384 of the ~2,000 instructions of the bn32 / 1-warp tile loop on
+    sm_90 (CPU lowering, notes/pallas.md session 7). Bit-identical in interpret mode;
+    on the GPU only if the tensor cores sum exact fp16 products as they sum the same
+    bf16 products (tests/test_fp8.py checks it on the H200). Off until measured.
     """
     return False
 

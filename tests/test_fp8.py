@@ -405,9 +405,9 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
 
 
 # Kernel variants for fp8 caches that must not change a bit of the output, switched by
-# a qsa_jax.config function: the K conversion through f16/f32, and V read as byte pairs
-# (even/odd columns in two dots).
-BIT_IDENTICAL_KNOBS = ["pallas_fp8_keys_via_f16", "pallas_fp8_value_pairs"]
+# a qsa_jax.config function: the K conversion through f16/f32, V read as byte pairs
+# (even/odd columns in two dots), q.K^T as an fp16 dot with q rescaled per row.
+BIT_IDENTICAL_KNOBS = ["pallas_fp8_keys_via_f16", "pallas_fp8_value_pairs", "pallas_fp8_keys_f16_dot"]
 
 
 @pytest.mark.parametrize("knob_name", BIT_IDENTICAL_KNOBS)
@@ -416,12 +416,20 @@ def test_pallas_fp8_knob_is_bit_identical(knob_name, as_bytes, monkeypatch):
     """Each fp8 kernel variant (BIT_IDENTICAL_KNOBS) gives the other setting's output bit
     for bit (Pallas, interpret mode). K and V each hold every finite e4m3 code (subnormals,
     +-0, +-448) so each conversion is exercised; unreferenced rows are poisoned (K 448,
-    V NaN), so the variant's masking is checked too. (Degenerate rows do not reach the
-    conversion differently; the other tests cover them.)"""
+    V NaN), so the variant's masking is checked too. Query heads far outside fp16's range
+    (x2^20, x2^-30) and an all-zero one exercise the fp16 dot's per-row rescaling.
+    (Degenerate rows do not reach the conversion differently; the other tests cover them.)"""
+    import dataclasses
+
     from qsa_jax.ops.sparse_attention.api import _run as jitted
 
     rng = np.random.default_rng(31)
     case = _case(seed=31, rows=6)
+    q = np.asarray(case.q, np.float32)
+    q[:, 0] *= 2.0 ** 20
+    q[:, 1] *= 2.0 ** -30
+    q[0, 2] = 0.0
+    case = dataclasses.replace(case, q=q.astype(case.q.dtype))
     d = case.head_dim
     bits = _fp8(case.kv_cache, spread=3.0).view(np.uint8).copy()
     finite = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)
@@ -478,6 +486,40 @@ def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
     assert re.search(r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xf16>", irs[True])
     assert re.search(r"arith.extf %\d+ : tensor<64x32xf16> to tensor<64x32xf32>", irs[True])
     assert re.search(r"arith.truncf %\d+ : tensor<64x32xf32> to tensor<64x32xbf16>", irs[True])
+
+
+def test_pallas_fp8_value_pairs_and_f16_dot_lowering(monkeypatch, capsys):
+    """With config.pallas_fp8_value_pairs and pallas_fp8_keys_f16_dot on, the Pallas
+    kernel lowered for sm_90 (on CPU) has P.V as two fp16 dots of D/2 columns (the V tile
+    split into even and odd columns, interleaved back once after the loop) and q.K^T as
+    an fp16 dot whose K comes straight from e4m3 (no f32 or bf16 step)."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention import base, pallas
+
+    _print_pallas_ttir_for_sm90(monkeypatch)
+    rows, heads, d, w = 2, 4, 64, 67
+    sds = jax.ShapeDtypeStruct
+    q = sds((rows, heads, d), jnp.bfloat16)
+    kv = sds((8, 2, 16, 2 * d), jnp.uint8)
+    li, bt, tr = sds((rows, w + 1), jnp.int32), sds((rows, 8), jnp.int32), sds((rows,), jnp.int32)
+    problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False,
+                                               config=(32, 2, 3, 1), scales_given=(True, True))
+    for knob in ("pallas_fp8_value_pairs", "pallas_fp8_keys_f16_dot"):
+        monkeypatch.setattr(cfgmod, knob, lambda: True)
+    capsys.readouterr()
+    jax.jit(lambda *a: pallas.run(problem, *a[:6], scales=a[6])).trace(
+        q, (kv,), li, bt, tr, q, sds((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
+    ttir = capsys.readouterr().out
+    assert len(re.findall(r"tt.dot .*tensor<16x32xf16> \* tensor<32x32xf16> -> tensor<16x32xf32>", ttir)) == 2
+    assert re.search(r"tt.split %\d+ : tensor<32x32x2xf16>", ttir)
+    assert re.search(r"tt.join %\S+, %\S+ : tensor<16x32xf32> -> tensor<16x32x2xf32>", ttir)
+    assert re.search(r"tt.dot .*tensor<16x64xf16> \* tensor<64x32xf16> -> tensor<16x32xf32>", ttir)
+    assert re.search(r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xf16>", ttir)
+    assert not re.search(r"tensor<64x32xbf16>", ttir)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e4m3_bytes", "bf16_scaled", "bf16"])

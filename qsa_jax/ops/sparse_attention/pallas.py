@@ -56,7 +56,8 @@ from qsa_jax.ops.sparse_attention.base import (
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
                       masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False,
-                      fp8_value_pairs: bool = False, fused_merge: bool = False, merge_block_d: int = 0):
+                      fp8_value_pairs: bool = False, fp8_keys_f16_dot: bool = False,
+                      fused_merge: bool = False, merge_block_d: int = 0):
     # With k/v scales a (2,) fp32 ref [score scale, output scale] precedes the outputs.
     # With ``fused_merge`` (several splits) the zeroed arrival counters follow as an input,
     # aliased to the last output (see _merge_if_last).
@@ -95,6 +96,13 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     # fp8 V in even/odd column halves (config.pallas_fp8_value_pairs): P.V is two dots
     # of D/2 columns each, with one accumulator per half, interleaved back at the end.
     value_pairs = fp8_value_pairs and p.is_fp8
+    # fp8 K as fp16 for q.K^T (config.pallas_fp8_keys_f16_dot): q is rescaled by 2^shift per
+    # row into fp16's range once, and the scores by 2^-shift, both exact powers of two.
+    if fp8_keys_f16_dot and p.is_fp8:
+        key_dtype = jnp.float16
+        q, row_scale = _f16_query(q, scale)
+    else:
+        row_scale = None
 
     def tile_entries(tile):
         """Cache rows and validity of one tile's BN selected entries (always in
@@ -110,20 +118,21 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :], masked)
         values = _load_rows(v_ref, cache_row[:, None], (v_col + dims)[None, :], valid[:, None], masked)
         keys_t = as_e4m3(keys_t)
-        if fp8_keys_via_f16 and p.is_fp8:  # exact either way; see config.pallas_fp8_keys_via_f16
+        if fp8_keys_via_f16 and p.is_fp8 and key_dtype == jnp.bfloat16:  # exact; config.pallas_fp8_keys_via_f16
             keys_t = keys_t.astype(jnp.float16).astype(jnp.float32)
         values = as_e4m3(values)
         if value_pairs:
-            # Each thread keeps the byte pairs (2c, 2c+1) of a row as loaded; the split is
-            # register renaming, so Triton reads the fp8 tile out of shared memory in wide
-            # words and transposes 16-bit halves for the dot (instead of one byte per element).
+            # Columns 2c and 2c+1 of a row are adjacent bytes: Triton reads them out of
+            # shared memory as one 16-bit word and converts the pair with one instruction,
+            # instead of one byte load per element plus repacking (notes/pallas.md, session 7).
             even, odd = lax.unstack(values.astype(value_dtype).reshape(bn, d // 2, 2), axis=-1)
             return keys_t.astype(key_dtype), (even, odd)
         return keys_t.astype(key_dtype), values.astype(value_dtype)
 
     def attend(state, keys_t, values, valid):
         acc, norm, run_max = state  # [M, D] ([M, D/2] x 2 with value_pairs), [M], [M] fp32
-        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * scale  # [M, BN]
+        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32)  # [M, BN]
+        scores = scores * scale if row_scale is None else scores * row_scale[:, None]
         scores = jnp.where(valid[None, :], scores, MASKED_SCORE)
         new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
         alpha = jnp.exp2(run_max - new_max)
@@ -268,6 +277,33 @@ def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request
     return cache_row, valid
 
 
+# q * 2^shift puts a row's largest |q| in [2^14, 2^15): below fp16's 65504, and every bf16
+# value down to 2^-32 of it keeps all 8 significant bits (fp16 subnormals reach 2^-24).
+F16_QUERY_TOP_EXPONENT = 14
+F16_QUERY_MAX_SHIFT = 112  # |shift| bound: 2^shift and scale * 2^-shift stay normal fp32
+
+
+def _f16_query(q, scale):
+    """(q * 2^shift as fp16 [M, D], scale * 2^-shift [M]) with a power-of-two shift per row.
+
+    For q.K^T with fp16 K: an fp16 K (exact for e4m3) saves the f16 -> f32 -> bf16 steps of
+    every K element of every tile, for one rescale of q per program. Exact, so the scores
+    are the bf16 product's bit for bit: q * 2^shift is exact (power of two, in range) and
+    exactly representable in fp16 for every element within 2^-32 of the row's largest;
+    each product q_i * 2^shift * k_i is exact, the fp32 sum is the bf16 one times 2^shift
+    (scaling by a power of two commutes with rounding away from under/overflow), and
+    (sum * 2^shift) * (scale * 2^-shift) rounds once to the same value as sum * scale.
+    Elements more than 2^32 below their row's largest lose low bits (no effect
+    at the scores' precision); an all-zero row gets the largest shift and stays zero."""
+    qf = q.astype(jnp.float32)
+    top = jnp.max(jnp.abs(qf), axis=1)
+    exponent = ((lax.bitcast_convert_type(top, jnp.int32) >> 23) & 0xFF) - 127
+    shift = jnp.clip(F16_QUERY_TOP_EXPONENT - exponent, -F16_QUERY_MAX_SHIFT, F16_QUERY_MAX_SHIFT)
+    up = lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)  # 2^shift
+    down = lax.bitcast_convert_type((127 - shift) << 23, jnp.float32)  # 2^-shift
+    return (qf * up[:, None]).astype(jnp.float16), scale * down
+
+
 def _load_rows(ref, row_index, col_index, valid, masked: bool):
     """Gather ``ref[row_index, col_index]`` (broadcast), zero where not ``valid``.
 
@@ -403,6 +439,7 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
                                masked=not interpreted, prefetch=launch.prefetch,
                                fp8_keys_via_f16=config.pallas_fp8_keys_via_f16(),
                                fp8_value_pairs=config.pallas_fp8_value_pairs(),
+                               fp8_keys_f16_dot=config.pallas_fp8_keys_f16_dot(),
                                fused_merge=fused, merge_block_d=launch.merge_block_d)
     inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     inputs += (scales,) if p.scaled else ()
