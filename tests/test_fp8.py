@@ -454,12 +454,10 @@ def test_pallas_fp8_knob_is_bit_identical(knob_name, as_bytes, monkeypatch):
     np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))
 
 
-def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
-    """With the knob on, the Pallas kernel lowered for sm_90 (on CPU) turns the K tile
-    to bf16 through f16 and f32 -- no direct e4m3 -> bf16 conversion, which Triton
-    compiles to scalar F2F.BF16.F16 instructions on sm_90 (notes/pallas.md)."""
-    import re
-
+def _small_fp8_ttir(monkeypatch, capsys):
+    """A function giving the Triton IR of the Pallas forward lowered for sm_90 (on CPU) at
+    a small fp8 (uint8) problem, D 64, bn32 / 1 split, under the config knobs set when it
+    is called."""
     import jax
     import jax.numpy as jnp
 
@@ -473,13 +471,26 @@ def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
     li, bt, tr = sds((rows, w + 1), jnp.int32), sds((rows, 8), jnp.int32), sds((rows,), jnp.int32)
     problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False,
                                                config=(32, 2, 3, 1), scales_given=(True, True))
-    irs = {}
-    for knob in (False, True):
-        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+
+    def ttir():
         capsys.readouterr()
         jax.jit(lambda *a: pallas.run(problem, *a[:6], scales=a[6])).trace(
             q, (kv,), li, bt, tr, q, sds((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
-        irs[knob] = capsys.readouterr().out
+        return capsys.readouterr().out
+    return ttir
+
+
+def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
+    """With the knob on, the Pallas kernel lowered for sm_90 (on CPU) turns the K tile
+    to bf16 through f16 and f32 -- no direct e4m3 -> bf16 conversion, which Triton
+    compiles to scalar F2F.BF16.F16 instructions on sm_90 (notes/pallas.md)."""
+    import re
+
+    ttir = _small_fp8_ttir(monkeypatch, capsys)
+    irs = {}
+    for knob in (False, True):
+        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        irs[knob] = ttir()
     direct = r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xbf16>"
     assert re.search(direct, irs[False])
     assert not re.search(direct, irs[True])
@@ -495,25 +506,10 @@ def test_pallas_fp8_value_pairs_and_f16_dot_lowering(monkeypatch, capsys):
     an fp16 dot whose K comes straight from e4m3 (no f32 or bf16 step)."""
     import re
 
-    import jax
-    import jax.numpy as jnp
-
-    from qsa_jax.ops.sparse_attention import base, pallas
-
-    _print_pallas_ttir_for_sm90(monkeypatch)
-    rows, heads, d, w = 2, 4, 64, 67
-    sds = jax.ShapeDtypeStruct
-    q = sds((rows, heads, d), jnp.bfloat16)
-    kv = sds((8, 2, 16, 2 * d), jnp.uint8)
-    li, bt, tr = sds((rows, w + 1), jnp.int32), sds((rows, 8), jnp.int32), sds((rows,), jnp.int32)
-    problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False,
-                                               config=(32, 2, 3, 1), scales_given=(True, True))
+    ttir = _small_fp8_ttir(monkeypatch, capsys)
     for knob in ("pallas_fp8_value_pairs", "pallas_fp8_keys_f16_dot"):
         monkeypatch.setattr(cfgmod, knob, lambda: True)
-    capsys.readouterr()
-    jax.jit(lambda *a: pallas.run(problem, *a[:6], scales=a[6])).trace(
-        q, (kv,), li, bt, tr, q, sds((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
-    ttir = capsys.readouterr().out
+    ttir = ttir()
     assert len(re.findall(r"tt.dot .*tensor<16x32xf16> \* tensor<32x32xf16> -> tensor<16x32xf32>", ttir)) == 2
     assert re.search(r"tt.split %\d+ : tensor<32x32x2xf16>", ttir)
     assert re.search(r"tt.join %\S+, %\S+ : tensor<16x32xf32> -> tensor<16x32x2xf32>", ttir)
