@@ -520,9 +520,12 @@ def pallas_fp8_keys_f16_dot() -> bool:
     Why: with a bf16 dot every K element of every tile takes e4m3 -> f16 -> f32 -> bf16
     (``pallas_fp8_keys_via_f16``: 2 HADD2.F32 + 1 F2FP per pair after the e4m3 pair
     conversion), 384 of the ~2,000 instructions of the bn32 / 1-warp tile loop on
-    sm_90 (CPU lowering, notes/pallas.md session 7). Bit-identical in interpret mode;
-    on the GPU only if the tensor cores sum exact fp16 products as they sum the same
-    bf16 products (tests/test_fp8.py checks it on the H200). Off until measured.
+    sm_90 (CPU lowering, notes/pallas.md session 7). The products are the same exact
+    values, so the output is bit-identical wherever the fp16 and the bf16 dot sum them
+    alike: in interpret mode at the CPU test's D 16, not at D 256, where XLA's CPU bf16
+    dot sums in another order than its fp16 one (9 of 12,288 outputs one bf16 ulp
+    apart, TP1 2 rows). On the GPU the tensor cores decide (tests/test_fp8.py checks it
+    on the H200). Off until measured.
     """
     return False
 

@@ -406,7 +406,9 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
 
 # Kernel variants for fp8 caches that must not change a bit of the output, switched by
 # a qsa_jax.config function: the K conversion through f16/f32, V read as byte pairs
-# (even/odd columns in two dots), q.K^T as an fp16 dot with q rescaled per row.
+# (even/odd columns in two dots), q.K^T as an fp16 dot with q rescaled per row (the
+# same exact products; identical sums at this test's D on the CPU, and the GPU test
+# asks whether the tensor cores sum fp16 products as they sum bf16 ones).
 BIT_IDENTICAL_KNOBS = ["pallas_fp8_keys_via_f16", "pallas_fp8_value_pairs", "pallas_fp8_keys_f16_dot"]
 
 

@@ -1,16 +1,18 @@
 """Time the Pallas fp8 sparse-attention kernel against vLLM 0.34.0's at fixed tilings, kernel by kernel.
 
     python3 tools/fp8_kernel_ab.py [--programs 256,1024,2048] [--geometries TP1,TP4]
-        [--configs 32/4/1/2,32/2/1/2] [--knob NAME] [--out DIR]
+        [--configs table,32/4/1/2] [--knob NAME[+NAME...]] [--out DIR]
 
 Why (notes/pallas.md, session 7): the fp8 sweep compares each implementation at its own
 best tiling; to find *where* our kernel loses, this times both at the same tilings
 (``block_n/splits/warps/stages``), on the same fresh selections (bench.hopper_sweep's
 ``Case``: fp8 e4m3 cache, k/v scales 0.5 / 2.0), and reports the busy time per call split
 by kernel name (attention kernel, merge, anything else XLA launches), from one profiler
-trace per job (``bench.kernel_trace``). ``--knob NAME`` runs every Pallas config twice,
-with ``qsa_jax.config.NAME()`` forced False and True, and checks that the two outputs are
-bit-identical (the knob's contract) besides each one's error from exact attention.
+trace per job (``bench.kernel_trace``). ``table`` in --configs is the launch the public
+call picks itself (``config.H200_FP8`` on an H200). ``--knob NAME`` runs every Pallas
+config twice, with ``qsa_jax.config.NAME()`` forced False and True (``A+B``: several knobs
+together), and checks that the two outputs are bit-identical (the knobs' contract)
+besides each one's error from exact attention.
 Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
 """
 
@@ -29,8 +31,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", default="256,1024,2048")
     ap.add_argument("--geometries", default="TP1,TP4")
-    ap.add_argument("--configs", default="32/4/1/2,32/2/1/2", help="block_n/splits/warps/stages, comma-separated")
-    ap.add_argument("--knob", default=None, help="qsa_jax.config function to A/B (False, then True)")
+    ap.add_argument("--configs", default="table", help="'table' or block_n/splits/warps/stages, comma-separated")
+    ap.add_argument("--knob", default=None, help="qsa_jax.config function(s) to A/B (False, then True), A+B")
     ap.add_argument("--n-sets", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=None)
@@ -43,6 +45,7 @@ def main() -> int:
     from bench import hopper_sweep as hs
     from bench import inputs, kernel_trace
     from qsa_jax import config
+    from qsa_jax.ops.sparse_attention.api import _run as jitted_call
     from qsa_testing import originals
 
     mods = {"0.34.0": originals.load("0.34.0")}
@@ -52,13 +55,30 @@ def main() -> int:
         pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=True)
     variants = []
     for spec in a.configs.split(","):
+        if spec == "table":
+            variants.append(None)
+            continue
         bn, splits, warps, stages = (int(x) for x in spec.split("/"))
         variants.append(hs.Variant(block_n=bn, splits=splits, warps=warps, stages=stages))
-    knob_values = (False, True) if a.knob else (None,)
-    if a.knob and not callable(getattr(config, a.knob, None)):
-        raise ValueError(f"--knob {a.knob}: no such function in qsa_jax.config")
-    original_knob = getattr(config, a.knob) if a.knob else None
+    knobs = a.knob.split("+") if a.knob else []
+    knob_values = (False, True) if knobs else (None,)
+    for name in knobs:
+        if not callable(getattr(config, name, None)):
+            raise ValueError(f"--knob {name}: no such function in qsa_jax.config")
+    saved = {name: getattr(config, name) for name in knobs}
     results = []
+
+    def table_fn(case):
+        """N sequential public calls with the tiling and launch the library picks."""
+        import qsa_jax
+        from bench.timing import sequential_calls
+
+        scales = dict(zip(("k_scale", "v_scale"), case.scales))
+
+        def chain(q, kv, idx_sets, bt, t2r, gate):
+            return sequential_calls(lambda i: qsa_jax.sparse_attention(
+                q, kv, i, bt, t2r, gate, implementation="pallas", **scales), idx_sets)
+        return jax.jit(chain)
 
     def traced(run, wait):
         s = kernel_trace.trace_runs(run, runs=a.runs, calls_per_run=a.n_sets, wait=wait)
@@ -79,30 +99,32 @@ def main() -> int:
                   f"{orig and round(orig['busy_us'], 1)} us", flush=True)
             for v in variants:
                 outs = {}
+                key = "table" if v is None else v.key()
                 for knob in knob_values:
-                    if a.knob:
-                        setattr(config, a.knob, lambda *args, _k=knob, **kw: _k)
+                    for name in knobs:
+                        setattr(config, name, lambda *args, _k=knob, **kw: _k)
+                    jitted_call.clear_cache()  # the knobs are read while the call is traced
                     try:
-                        fn = hs.build_fn(case, v).lower(*case.args).compile()
+                        fn = (table_fn(case) if v is None else hs.build_fn(case, v)).lower(*case.args).compile()
                     finally:
-                        if a.knob:
-                            setattr(config, a.knob, original_knob)
+                        for name, f in saved.items():
+                            setattr(config, name, f)
                     out = jax.block_until_ready(fn(*case.args))[0]
                     outs[knob] = np.asarray(jax.device_get(out))
                     got = torch.from_dlpack(out)[: case.exact_rows]
                     t = traced(lambda fn=fn: fn(*case.args), jax.block_until_ready)
-                    rec = dict(variant=dataclasses.asdict(v), knob=knob, timing=t,
+                    rec = dict(variant=key if v is None else dataclasses.asdict(v), knob=knob, timing=t,
                                err_exact=hs.rel_err(got, case.exact))
                     line["pallas"].append(rec)
                     kernels = ", ".join(f"{n[:40]} {us:.1f}" for n, us in sorted((t or {}).get("by_kernel", {}).items(),
                                                                                   key=lambda kv: -kv[1]))
                     ratio = t["busy_us"] / orig["busy_us"] if t and orig else float("nan")
-                    print(f"  pallas {v.key()} knob={knob}: {t and round(t['busy_us'], 1)} us ({ratio:.2f}x) "
+                    print(f"  pallas {key} knob={knob}: {t and round(t['busy_us'], 1)} us ({ratio:.2f}x) "
                           f"err {rec['err_exact']:.3e} [{kernels}]", flush=True)
-                if a.knob:
+                if knobs:
                     same = outs[False].tobytes() == outs[True].tobytes()
-                    line.setdefault("knob_bit_identical", {})[v.key()] = same
-                    print(f"  {a.knob} off/on bit-identical at {v.key()}: {same}", flush=True)
+                    line.setdefault("knob_bit_identical", {})[key] = same
+                    print(f"  {a.knob} off/on bit-identical at {key}: {same}", flush=True)
             results.append(line)
             if a.out:
                 os.makedirs(a.out, exist_ok=True)
