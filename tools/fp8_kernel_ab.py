@@ -1,7 +1,7 @@
 """Time the Pallas fp8 sparse-attention kernel against vLLM 0.34.0's at fixed tilings, kernel by kernel.
 
     python3 tools/fp8_kernel_ab.py [--programs 256,1024,2048] [--geometries TP1,TP4]
-        [--configs table,32/4/1/2] [--knob NAME[+NAME...]] [--out DIR]
+        [--configs table,32/4/1/2] [--knob NAME[+NAME...]]... [--out DIR]
 
 Why (notes/pallas.md, session 7): the fp8 sweep compares each implementation at its own
 best tiling; to find *where* our kernel loses, this times both at the same tilings
@@ -9,10 +9,11 @@ best tiling; to find *where* our kernel loses, this times both at the same tilin
 ``Case``: fp8 e4m3 cache, k/v scales 0.5 / 2.0), and reports the busy time per call split
 by kernel name (attention kernel, merge, anything else XLA launches), from one profiler
 trace per job (``bench.kernel_trace``). ``table`` in --configs is the launch the public
-call picks itself (``config.H200_FP8`` on an H200). ``--knob NAME`` runs every Pallas
-config twice, with ``qsa_jax.config.NAME()`` forced False and True (``A+B``: several knobs
-together), and checks that the two outputs are bit-identical (the knobs' contract)
-besides each one's error from exact attention.
+call picks itself (``config.H200_FP8`` on an H200). Each ``--knob NAME`` (``A+B``: several
+together; the option repeats) adds a run of every Pallas config with those
+``qsa_jax.config`` functions forced True and the other knobs named forced False, after
+the run with all of them False; each is checked bit for bit against that first run
+(the knobs' contract) besides its error from exact attention.
 Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
 """
 
@@ -32,7 +33,7 @@ def main() -> int:
     ap.add_argument("--programs", default="256,1024,2048")
     ap.add_argument("--geometries", default="TP1,TP4")
     ap.add_argument("--configs", default="table", help="'table' or block_n/splits/warps/stages, comma-separated")
-    ap.add_argument("--knob", default=None, help="qsa_jax.config function(s) to A/B (False, then True), A+B")
+    ap.add_argument("--knob", action="append", default=[], help="qsa_jax.config function(s) to switch on, A+B")
     ap.add_argument("--n-sets", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=None)
@@ -60,8 +61,8 @@ def main() -> int:
             continue
         bn, splits, warps, stages = (int(x) for x in spec.split("/"))
         variants.append(hs.Variant(block_n=bn, splits=splits, warps=warps, stages=stages))
-    knobs = a.knob.split("+") if a.knob else []
-    knob_values = (False, True) if knobs else (None,)
+    knob_sets = [()] + [tuple(k.split("+")) for k in a.knob]
+    knobs = sorted({name for ks in knob_sets for name in ks})
     for name in knobs:
         if not callable(getattr(config, name, None)):
             raise ValueError(f"--knob {name}: no such function in qsa_jax.config")
@@ -100,9 +101,10 @@ def main() -> int:
             for v in variants:
                 outs = {}
                 key = "table" if v is None else v.key()
-                for knob in knob_values:
+                for knob_set in knob_sets:
+                    knob = "+".join(knob_set) or "off"
                     for name in knobs:
-                        setattr(config, name, lambda *args, _k=knob, **kw: _k)
+                        setattr(config, name, lambda *args, _k=name in knob_set, **kw: _k)
                     jitted_call.clear_cache()  # the knobs are read while the call is traced
                     try:
                         fn = (table_fn(case) if v is None else hs.build_fn(case, v)).lower(*case.args).compile()
@@ -121,10 +123,10 @@ def main() -> int:
                     ratio = t["busy_us"] / orig["busy_us"] if t and orig else float("nan")
                     print(f"  pallas {key} knob={knob}: {t and round(t['busy_us'], 1)} us ({ratio:.2f}x) "
                           f"err {rec['err_exact']:.3e} [{kernels}]", flush=True)
-                if knobs:
-                    same = outs[False].tobytes() == outs[True].tobytes()
-                    line.setdefault("knob_bit_identical", {})[key] = same
-                    print(f"  {a.knob} off/on bit-identical at {key}: {same}", flush=True)
+                for knob in list(outs)[1:]:
+                    same = outs[knob].tobytes() == outs["off"].tobytes()
+                    line.setdefault("knob_bit_identical", {})[f"{key} {knob}"] = same
+                    print(f"  {knob} bit-identical to off at {key}: {same}", flush=True)
             results.append(line)
             if a.out:
                 os.makedirs(a.out, exist_ok=True)
