@@ -396,12 +396,16 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
     assert len(kv_loads) == 2, kv_loads  # one K gather, one V gather per tile
     assert len(re.findall(r"tt.bitcast .*xi8> -> tensor<\S+xf8E4M3FN>", ttir)) == (2 if element == "i8" else 0)
     # K: e4m3 -> f16 (-> f32 -> bf16) by default, e4m3 -> bf16 with the knob off (the
-    # lowering test of config.pallas_fp8_keys_via_f16 checks the rest of the chain).
-    k_to = "f16" if cfgmod.pallas_fp8_keys_via_f16() else "bf16"
+    # lowering test of config.pallas_fp8_keys_via_f16 checks the rest of the chain); an
+    # fp16 q.K^T with config.pallas_fp8_keys_f16_dot, and P.V in two halves with
+    # config.pallas_fp8_value_pairs (their own lowering test checks those forms).
+    k_to = "f16" if cfgmod.pallas_fp8_keys_via_f16() or cfgmod.pallas_fp8_keys_f16_dot() else "bf16"
+    q_dtype = "f16" if cfgmod.pallas_fp8_keys_f16_dot() else "bf16"
+    v_cols = 128 if cfgmod.pallas_fp8_value_pairs() else 256
     assert re.search(rf"tt.fp_to_fp %\d+ : tensor<256x32xf8E4M3FN> -> tensor<256x32x{k_to}>", ttir)
     assert re.search(r"tt.fp_to_fp %\d+ : tensor<32x256xf8E4M3FN> -> tensor<32x256xf16>", ttir)
-    assert re.search(r"tt.dot .*tensor<16x256xbf16> \* tensor<256x32xbf16>", ttir)
-    assert re.search(r"tt.dot .*tensor<16x32xf16> \* tensor<32x256xf16>", ttir)
+    assert re.search(rf"tt.dot .*tensor<16x256x{q_dtype}> \* tensor<256x32x{q_dtype}>", ttir)
+    assert re.search(rf"tt.dot .*tensor<16x32xf16> \* tensor<32x{v_cols}xf16>", ttir)
 
 
 # Kernel variants for fp8 caches that must not change a bit of the output, switched by
@@ -489,6 +493,7 @@ def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
     import re
 
     ttir = _small_fp8_ttir(monkeypatch, capsys)
+    monkeypatch.setattr(cfgmod, "pallas_fp8_keys_f16_dot", lambda: False)  # K for a bf16 q.K^T
     irs = {}
     for knob in (False, True):
         monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
