@@ -280,7 +280,7 @@ def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request
 # q * 2^shift puts a row's largest |q| in [2^14, 2^15): below fp16's 65504, and every bf16
 # value down to 2^-32 of it keeps all 8 significant bits (fp16 subnormals reach 2^-24).
 F16_QUERY_TOP_EXPONENT = 14
-F16_QUERY_MAX_SHIFT = 112  # |shift| bound: 2^shift and scale * 2^-shift stay normal fp32
+F16_QUERY_MAX_SHIFT = 126  # |shift| bound: 2^shift and 2^-shift stay normal fp32 (bf16 needs up to 113)
 
 
 def _f16_query(q, scale):
