@@ -12,7 +12,7 @@
 # NCU=1 bash tools/gpu_fp8_kernel7.sh adds step 4)
 source tools/gpu_env.sh
 set -o pipefail
-timeout 110 python3 -m pytest -q -m gpu tests/test_fp8.py -p no:cacheprovider \
+timeout 120 python3 -m pytest -q -m gpu tests/test_fp8.py -p no:cacheprovider \
   -k "gpu_pallas_fp8_knob and (value_pairs or keys_f16_dot)" 2>&1 | tee "$OUT/knob_bit_identity.log" | tail -4
 timeout 170 python3 tools/fp8_kernel_ab.py --programs 256,1024,2048 --geometries TP1,TP4 --configs table \
   --knob pallas_fp8_value_pairs --knob pallas_fp8_value_pairs+pallas_fp8_keys_f16_dot \
