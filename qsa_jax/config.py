@@ -488,6 +488,48 @@ def pallas_fp8_keys_via_f16() -> bool:
     return True
 
 
+def pallas_fp8_value_pairs() -> bool:
+    """Whether the Pallas sparse-attention kernel reads an fp8 V tile as byte pairs: the
+    [BN, D] tile is split into its even and odd columns ([BN, D/2] each, adjacent bytes
+    of a row, so the split is free in registers), each converted to fp16 and multiplied
+    by the probabilities in its own dot into its own [M, D/2] accumulator; the two are
+    interleaved back into [M, D] after the tile loop.
+
+    Why: P.V reduces over the tile's rows, but a row's D bytes are what is contiguous, and
+    sm_90 has no 8-bit transposing shared-memory load; so Triton (and vLLM 0.34.0's
+    kernel) reads the fp8 V operand out of shared memory one byte per element (256
+    ``ld.shared.b8`` per thread per bn32 tile at 1 warp, plus the byte packing for the
+    e4m3 pair conversion). Split, a pair of adjacent bytes is one 16-bit shared load and
+    one pair conversion (128 ``ld.shared.b16``, no packing); its halves are then paired
+    by row with a byte permute for the dot. As a side effect Triton also picks 16-byte
+    instead of 8-byte async copies for the K gather.
+    Every output column is the same dot over the same rows in the same order, so the
+    result is bit-identical (CPU interpret test; GPU test in tests/test_fp8.py).
+    Effect on the sm_90 lowering and the H200: notes/pallas.md, session 7. Off until
+    measured on the GPU. A function so that tests and the benchmark can switch it.
+    """
+    return False
+
+
+def pallas_fp8_keys_f16_dot() -> bool:
+    """Whether the Pallas sparse-attention kernel computes q.K^T for an fp8 cache as an
+    fp16 dot: K converted e4m3 -> fp16 only (one instruction per pair), and q rescaled
+    once per program by a power of two per query row into fp16's range, the scores scaled
+    back (``pallas._f16_query`` says why that is exact).
+
+    Why: with a bf16 dot every K element of every tile takes e4m3 -> f16 -> f32 -> bf16
+    (``pallas_fp8_keys_via_f16``: 2 HADD2.F32 + 1 F2FP per pair after the e4m3 pair
+    conversion), 384 of the ~2,000 instructions of the bn32 / 1-warp tile loop on
+    sm_90 (CPU lowering, notes/pallas.md session 7). The products are the same exact
+    values, so the output is bit-identical wherever the fp16 and the bf16 dot sum them
+    alike: in interpret mode at the CPU test's D 16, not at D 256, where XLA's CPU bf16
+    dot sums in another order than its fp16 one (9 of 12,288 outputs one bf16 ulp
+    apart, TP1 2 rows). On the GPU the tensor cores decide (tests/test_fp8.py checks it
+    on the H200). Off until measured.
+    """
+    return False
+
+
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
 # Up to this many (row, head) pairs the merge splits D, for more programs than SMs.

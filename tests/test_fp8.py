@@ -421,25 +421,46 @@ def test_pallas_triton_ir_reads_fp8_bytes(dtype, monkeypatch, capsys):
     assert len(kv_loads) == 2, kv_loads  # one K gather, one V gather per tile
     assert len(re.findall(r"tt.bitcast .*xi8> -> tensor<\S+xf8E4M3FN>", ttir)) == (2 if element == "i8" else 0)
     # K: e4m3 -> f16 (-> f32 -> bf16) by default, e4m3 -> bf16 with the knob off (the
-    # lowering test of config.pallas_fp8_keys_via_f16 checks the rest of the chain).
-    k_to = "f16" if cfgmod.pallas_fp8_keys_via_f16() else "bf16"
+    # lowering test of config.pallas_fp8_keys_via_f16 checks the rest of the chain); an
+    # fp16 q.K^T with config.pallas_fp8_keys_f16_dot, and P.V in two halves with
+    # config.pallas_fp8_value_pairs (their own lowering test checks those forms).
+    k_to = "f16" if cfgmod.pallas_fp8_keys_via_f16() or cfgmod.pallas_fp8_keys_f16_dot() else "bf16"
+    q_dtype = "f16" if cfgmod.pallas_fp8_keys_f16_dot() else "bf16"
+    v_cols = 128 if cfgmod.pallas_fp8_value_pairs() else 256
     assert re.search(rf"tt.fp_to_fp %\d+ : tensor<256x32xf8E4M3FN> -> tensor<256x32x{k_to}>", ttir)
     assert re.search(r"tt.fp_to_fp %\d+ : tensor<32x256xf8E4M3FN> -> tensor<32x256xf16>", ttir)
-    assert re.search(r"tt.dot .*tensor<16x256xbf16> \* tensor<256x32xbf16>", ttir)
-    assert re.search(r"tt.dot .*tensor<16x32xf16> \* tensor<32x256xf16>", ttir)
+    assert re.search(rf"tt.dot .*tensor<16x256x{q_dtype}> \* tensor<256x32x{q_dtype}>", ttir)
+    assert re.search(rf"tt.dot .*tensor<16x32xf16> \* tensor<32x{v_cols}xf16>", ttir)
 
 
+# Kernel variants for fp8 caches that must not change a bit of the output, switched by
+# a qsa_jax.config function: the K conversion through f16/f32, V read as byte pairs
+# (even/odd columns in two dots), q.K^T as an fp16 dot with q rescaled per row (the
+# same exact products; identical sums at this test's D on the CPU, and the GPU test
+# asks whether the tensor cores sum fp16 products as they sum bf16 ones).
+BIT_IDENTICAL_KNOBS = ["pallas_fp8_keys_via_f16", "pallas_fp8_value_pairs", "pallas_fp8_keys_f16_dot"]
+
+
+@pytest.mark.parametrize("knob_name", BIT_IDENTICAL_KNOBS)
 @pytest.mark.parametrize("as_bytes", [False, True])
-def test_pallas_fp8_keys_via_f16_is_bit_identical(as_bytes, monkeypatch):
-    """The opt-in K conversion e4m3 -> f16 -> f32 -> bf16 (config.pallas_fp8_keys_via_f16)
-    gives the default's output bit for bit (Pallas, interpret mode). K holds every finite
-    e4m3 code (subnormals, +-0, +-448) so each conversion is exercised; unreferenced rows
-    are poisoned (K 448, V NaN), so the variant's masking is checked too. (Degenerate rows
-    do not reach the conversion differently; the other tests cover them.)"""
+def test_pallas_fp8_knob_is_bit_identical(knob_name, as_bytes, monkeypatch):
+    """Each fp8 kernel variant (BIT_IDENTICAL_KNOBS) gives the other setting's output bit
+    for bit (Pallas, interpret mode). K and V each hold every finite e4m3 code (subnormals,
+    +-0, +-448) so each conversion is exercised; unreferenced rows are poisoned (K 448,
+    V NaN), so the variant's masking is checked too. Query heads far outside fp16's range
+    (x2^20, x2^-30) and an all-zero one exercise the fp16 dot's per-row rescaling.
+    (Degenerate rows do not reach the conversion differently; the other tests cover them.)"""
+    import dataclasses
+
     from qsa_jax.ops.sparse_attention.api import _run as jitted
 
     rng = np.random.default_rng(31)
     case = _case(seed=31, rows=6)
+    q = np.asarray(case.q, np.float32)
+    q[:, 0] *= 2.0 ** 20
+    q[:, 1] *= 2.0 ** -30
+    q[0, 2] = 0.0
+    case = dataclasses.replace(case, q=q.astype(case.q.dtype))
     d = case.head_dim
     bits = _fp8(case.kv_cache, spread=3.0).view(np.uint8).copy()
     finite = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)
@@ -450,11 +471,13 @@ def test_pallas_fp8_keys_via_f16_is_bit_identical(as_bytes, monkeypatch):
     assert read >= finite.size
     keys[~unref[..., :d]] = np.resize(rng.permutation(finite), read)  # every code is read
     keys[unref[..., :d]] = 0x7E
-    bits[..., d:][unref[..., d:]] = 0x7F
+    values = bits[..., d:]
+    values[~unref[..., d:]] = np.resize(rng.permutation(finite), read)
+    values[unref[..., d:]] = 0x7F
     kv = bits if as_bytes else bits.view(E4M3)
     outs = []
     for knob in (False, True):
-        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        monkeypatch.setattr(cfgmod, knob_name, lambda knob=knob: knob)
         jitted.clear_cache()  # the knob is read while tracing
         outs.append(_run(case, kv, "pallas", cfg, k_scale=K_SCALE, v_scale=V_SCALE))
     jitted.clear_cache()
@@ -462,12 +485,10 @@ def test_pallas_fp8_keys_via_f16_is_bit_identical(as_bytes, monkeypatch):
     np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))
 
 
-def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
-    """With the knob on, the Pallas kernel lowered for sm_90 (on CPU) turns the K tile
-    to bf16 through f16 and f32 -- no direct e4m3 -> bf16 conversion, which Triton
-    compiles to scalar F2F.BF16.F16 instructions on sm_90 (notes/pallas.md)."""
-    import re
-
+def _small_fp8_ttir(monkeypatch, capsys):
+    """A function giving the Triton IR of the Pallas forward lowered for sm_90 (on CPU) at
+    a small fp8 (uint8) problem, D 64, bn32 / 1 split, under the config knobs set when it
+    is called."""
     import jax
     import jax.numpy as jnp
 
@@ -481,19 +502,52 @@ def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
     li, bt, tr = sds((rows, w + 1), jnp.int32), sds((rows, 8), jnp.int32), sds((rows,), jnp.int32)
     problem = base.check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False,
                                                config=(32, 2, 3, 1), scales_given=(True, True))
-    irs = {}
-    for knob in (False, True):
-        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+
+    def ttir():
         capsys.readouterr()
         jax.jit(lambda *a: pallas.run(problem, *a[:6], scales=a[6])).trace(
             q, (kv,), li, bt, tr, q, sds((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
-        irs[knob] = capsys.readouterr().out
+        return capsys.readouterr().out
+    return ttir
+
+
+def test_pallas_fp8_keys_via_f16_lowering(monkeypatch, capsys):
+    """With the knob on, the Pallas kernel lowered for sm_90 (on CPU) turns the K tile
+    to bf16 through f16 and f32 -- no direct e4m3 -> bf16 conversion, which Triton
+    compiles to scalar F2F.BF16.F16 instructions on sm_90 (notes/pallas.md)."""
+    import re
+
+    ttir = _small_fp8_ttir(monkeypatch, capsys)
+    monkeypatch.setattr(cfgmod, "pallas_fp8_keys_f16_dot", lambda: False)  # K for a bf16 q.K^T
+    irs = {}
+    for knob in (False, True):
+        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        irs[knob] = ttir()
     direct = r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xbf16>"
     assert re.search(direct, irs[False])
     assert not re.search(direct, irs[True])
     assert re.search(r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xf16>", irs[True])
     assert re.search(r"arith.extf %\d+ : tensor<64x32xf16> to tensor<64x32xf32>", irs[True])
     assert re.search(r"arith.truncf %\d+ : tensor<64x32xf32> to tensor<64x32xbf16>", irs[True])
+
+
+def test_pallas_fp8_value_pairs_and_f16_dot_lowering(monkeypatch, capsys):
+    """With config.pallas_fp8_value_pairs and pallas_fp8_keys_f16_dot on, the Pallas
+    kernel lowered for sm_90 (on CPU) has P.V as two fp16 dots of D/2 columns (the V tile
+    split into even and odd columns, interleaved back once after the loop) and q.K^T as
+    an fp16 dot whose K comes straight from e4m3 (no f32 or bf16 step)."""
+    import re
+
+    ttir = _small_fp8_ttir(monkeypatch, capsys)
+    for knob in ("pallas_fp8_value_pairs", "pallas_fp8_keys_f16_dot"):
+        monkeypatch.setattr(cfgmod, knob, lambda: True)
+    ttir = ttir()
+    assert len(re.findall(r"tt.dot .*tensor<16x32xf16> \* tensor<32x32xf16> -> tensor<16x32xf32>", ttir)) == 2
+    assert re.search(r"tt.split %\d+ : tensor<32x32x2xf16>", ttir)
+    assert re.search(r"tt.join %\S+, %\S+ : tensor<16x32xf32> -> tensor<16x32x2xf32>", ttir)
+    assert re.search(r"tt.dot .*tensor<16x64xf16> \* tensor<64x32xf16> -> tensor<16x32xf32>", ttir)
+    assert re.search(r"tt.fp_to_fp %\d+ : tensor<64x32xf8E4M3FN> -> tensor<64x32xf16>", ttir)
+    assert not re.search(r"tensor<64x32xbf16>", ttir)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e4m3_bytes", "bf16_scaled", "bf16"])
@@ -743,11 +797,14 @@ def test_host_scales_first_seen_inside_a_jit_do_not_leak():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [(64, 2, 33, 1), (32, 2, 65, 4)])
-def test_gpu_pallas_fp8_keys_via_f16_is_bit_identical(config, monkeypatch):
-    """On the GPU (real conversion instructions): the opt-in K conversion through f16/f32
-    gives the default's output bit for bit, at the TP1 shapes and the fp8 table's two
-    bandwidth-bound launches; the cache holds random finite e4m3 bytes."""
+@pytest.mark.parametrize("knob_name", BIT_IDENTICAL_KNOBS)
+@pytest.mark.parametrize("config", [(32, 1, 65, 2), (32, 2, 65, 4), (64, 2, 33, 1)],
+                         ids=["bn32-w1-s2", "bn32-w2-s4", "bn64-w2-s1"])
+def test_gpu_pallas_fp8_knob_is_bit_identical(knob_name, config, monkeypatch):
+    """On the GPU (real conversion and MMA instructions): each fp8 kernel variant
+    (BIT_IDENTICAL_KNOBS) gives the other setting's output bit for bit, at the TP1 shapes
+    and the fp8 tables' bandwidth-bound launches (2 and 1 warps); the cache holds random
+    finite e4m3 bytes."""
     import jax
 
     from qsa_jax.ops.sparse_attention.api import _run as jitted
@@ -761,7 +818,7 @@ def test_gpu_pallas_fp8_keys_via_f16_is_bit_identical(config, monkeypatch):
     kv = jax.device_put(rng.choice(finite, case.kv_shape))
     outs = []
     for knob in (False, True):
-        monkeypatch.setattr(cfgmod, "pallas_fp8_keys_via_f16", lambda knob=knob: knob)
+        monkeypatch.setattr(cfgmod, knob_name, lambda knob=knob: knob)
         jitted.clear_cache()
         outs.append(_run(case, kv, "pallas", config, k_scale=K_SCALE, v_scale=V_SCALE))
     jitted.clear_cache()

@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--geometry", default="TP1")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--only", default="pallas_fp8,pallas_bf16,original034_fp8")
+    ap.add_argument("--config", default=None,
+                    help="block_n/splits/warps for the Pallas kernels (default: the table's tiling)")
     a = ap.parse_args()
     geo = inputs.geometry(a.geometry, cpu=False, pool_gb=1.0)
     kv_bf16_t, kv_bf16 = inputs.make_pool(geo, gpu=True, seed=5)
@@ -46,9 +48,15 @@ def main() -> int:
     d = geo.head_dim
     k8, v8 = kv_fp8_t.transpose(1, 2).split(d, -1)
 
+    if a.config:  # same tiling as an original's launch, to compare the kernels themselves
+        bn, splits, warps = (int(x) for x in a.config.split("/"))
+        tiling = dict(config=(bn, warps, -(-geo.selection_width // bn), splits))
+    else:
+        tiling = {}
+
     def pallas(kv, **kw):
         return lambda: jax.block_until_ready(qsa_jax.sparse_attention(
-            inp.q, kv, idx, inp.block_table, inp.token_to_req, inp.gate, implementation="pallas", **kw))
+            inp.q, kv, idx, inp.block_table, inp.token_to_req, inp.gate, implementation="pallas", **tiling, **kw))
 
     def original():
         mod.qsa_sparse_paged_attention(tq, k8, v8, tidx, tbt, tt2r, False, out, 0.5, 2.0, output_gate=tg)

@@ -44,7 +44,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 # (label, block_n, num_splits, num_warps); TP1: 24 query heads over 2 KV heads. The fp8
 # grid ran 0.34.0's sm_90 fp8 table: (64, 1 split, 2 warps) at 4096 programs and (32, 4
 # splits, 1 warp) at 256-2048, where config.pallas_hopper_launch gives Pallas 2 warps.
-CONFIGS = (("bn64-s1-w2", 64, 1, 2), ("bn32-s4-w2", 32, 4, 2), ("bn32-s4-w1", 32, 4, 1))
+CONFIGS = (("bn64-s1-w2", 64, 1, 2), ("bn32-s4-w2", 32, 4, 2), ("bn32-s4-w1", 32, 4, 1),
+           ("bn32-s2-w1", 32, 2, 1))  # the last: config.H200_FP8's launch at 1024-4096 programs
 HEADS, KV_HEADS, HEAD_DIM, SELECTION_BLOCKS = 24, 2, 256, 512  # W = 4 * 512 + 3 = 2051
 WIDTH = 4 * SELECTION_BLOCKS + 3
 
@@ -72,6 +73,27 @@ def ptx_summary(ptx: str) -> dict[str, str]:
 # SASS opcodes worth counting in the tile loop: spills, the async copies and shared-memory
 # reads of the tiles, the MMAs, and the conversion / repacking instructions.
 LOOP_OPCODES = ("STL", "LDL", "LDGSTS", "LDS", "LDSM", "HMMA", "F2FP", "F2F", "HADD2", "PRMT", "IMAD", "LEA")
+
+
+# The tile loop's SASS by what the instructions are for (opcode without modifiers).
+OPCODE_CLASSES = {
+    "int/address": ("IMAD", "IADD3", "LEA", "SHF", "LOP3", "SEL", "ISETP", "PLOP3", "VIMNMX", "IABS", "SGXT",
+                    "VIADD", "P2R", "R2P", "S2R", "S2UR", "UIADD3", "UMOV", "ULEA", "USHF", "UISETP", "ULOP3",
+                    "LDC", "ULDC", "MOV", "IMNMX", "I2F", "F2I", "POPC", "FLO", "BMSK", "UIMAD"),
+    "fp8/fp16 convert": ("F2FP", "F2F", "HADD2", "PRMT", "HMUL2", "HFMA2"),
+    "shared ld/st": ("LDS", "LDSM", "STS", "STSM"),
+    "global": ("LDGSTS", "LDG", "STG", "LDGDEPBAR", "DEPBAR"),
+    "mma": ("HMMA",),
+    "fp32 softmax": ("FMUL", "FFMA", "FADD", "FSEL", "FMNMX", "MUFU", "FSETP", "SHFL"),
+    "spill": ("STL", "LDL"),
+}
+
+
+def opcode_classes(ops: collections.Counter) -> dict[str, int]:
+    """Counts of ``ops`` per OPCODE_CLASSES entry, the rest as "other" (branches, barriers, NOPs)."""
+    out = {name: sum(ops.get(op, 0) for op in members) for name, members in OPCODE_CLASSES.items()}
+    out["other"] = sum(ops.values()) - sum(out.values())
+    return out
 
 
 def sass_loop(sass: str) -> tuple[int, collections.Counter]:
@@ -102,16 +124,43 @@ def ptxas_numbers(ptxas: str, ptx_path: str) -> tuple[dict[str, str], str]:
 def ptxas_info(ptxas: str, ptx_path: str) -> dict[str, str]:
     numbers, sass = ptxas_numbers(ptxas, ptx_path)
     n, ops = sass_loop(sass)
-    return dict(numbers, loop=f"{n} instructions: " + " ".join(f"{k} {ops.get(k, 0)}" for k in LOOP_OPCODES))
+    return dict(numbers, loop_length=n, classes=opcode_classes(ops),
+                loop=f"{n} instructions: " + " ".join(f"{k} {ops.get(k, 0)}" for k in LOOP_OPCODES))
+
+
+def ttir_passes(path: str, warps: int, stages: int) -> str:
+    """The TTIR in ``path`` after Triton's own TTIR passes (``make_ttir``: inliner,
+    canonicalize, combine, CSE, loop unroll), as text.
+
+    ``triton.compile`` skips the passes of the stage an IR file is given at, but XLA
+    runs the same list on a Pallas kernel's Triton IR before TTGIR (its
+    compilation pipeline mirrors ``make_ttir``). Without them the lowering here
+    differs from the GPU's: e.g. ``acc * alpha + dot(p, v)`` stays two ops instead of
+    the combine pass's ``dot(p, v, acc * alpha)``, one accumulator tile more live."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = ir.parse_mlir_module(path, context)
+    module.context = context
+    backend.make_ttir(module, {}, backend.parse_options(dict(num_warps=warps, num_stages=stages)), 90)
+    return module.str_nodebug()
 
 
 def compile_ttir(ttir: str, name: str, warps: int, stages: int, out_dir: str, label: str):
     import triton
     from triton.backends.compiler import GPUTarget
 
+    raw = os.path.join(out_dir, f"{label}.{name}.lowered.ttir")
+    with open(raw, "w") as f:
+        f.write(ttir)
     path = os.path.join(out_dir, f"{label}.{name}.ttir")
     with open(path, "w") as f:
-        f.write(ttir)
+        f.write(ttir_passes(raw, warps, stages))
     kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=stages))
     return kernel, path
@@ -247,6 +296,8 @@ def main() -> int:
     ap.add_argument("--vllm-warps", type=int, default=None, help="vLLM's warps (default: as ours, 2)")
     ap.add_argument("--knob", action="append", default=[], help="qsa_jax.config function to force True")
     ap.add_argument("--only", default="bf16,e4m3,uint8")
+    ap.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
+                    help="labels of CONFIGS to compile (comma-separated)")
     a = ap.parse_args()
 
     import triton
@@ -266,7 +317,7 @@ def main() -> int:
     out_dir = a.out or tempfile.mkdtemp(prefix="sm90_ptx_fp8_")
     os.makedirs(out_dir, exist_ok=True)
     rows = []
-    for label, bn, splits, warps in CONFIGS:
+    for label, bn, splits, warps in (c for c in CONFIGS if c[0] in a.configs.split(",")):
         for dtype_name in a.only.split(","):
             for name, ttir, w, stages in pallas_kernels(dtype_name, bn, splits, warps):
                 if name != "qsa_sparse_attention":
@@ -290,6 +341,15 @@ def main() -> int:
         for key, value in summary.items():
             print(f"  {key:10s} {value}")
         print()
+    # One markdown table: the tile loop per warp and tile, by class, every kernel compiled.
+    classes = list(OPCODE_CLASSES) + ["other"]
+    print("| kernel | launch | regs | spill st/ld B | loop | " + " | ".join(classes) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(classes))
+    for kernel, label, w, stages, shared, info, summary in rows:
+        knobs = "+".join(a.knob) if a.knob and kernel.startswith("pallas") else ""
+        print(f"| {kernel}{' ' + knobs if knobs else ''} | {label} w{w} | {info['registers']} | "
+              f"{info['spill_stores']}/{info['spill_loads']} | {info['loop_length']} | "
+              + " | ".join(str(info["classes"][c]) for c in classes) + " |")
     return 0
 
 

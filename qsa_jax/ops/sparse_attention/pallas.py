@@ -56,6 +56,7 @@ from qsa_jax.ops.sparse_attention.base import (
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
                       masked: bool, prefetch: bool, fp8_keys_via_f16: bool = False,
+                      fp8_value_pairs: bool = False, fp8_keys_f16_dot: bool = False,
                       fused_merge: bool = False, merge_block_d: int = 0):
     # With k/v scales a (2,) fp32 ref [score scale, output scale] precedes the outputs.
     # With ``fused_merge`` (several splits) the zeroed arrival counters follow as an input,
@@ -92,6 +93,16 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
     scale = scales_ref[0] if p.scaled else (d ** -0.5) * LOG2_E
     key_dtype, value_dtype = operand_dtypes(p)
+    # fp8 V in even/odd column halves (config.pallas_fp8_value_pairs): P.V is two dots
+    # of D/2 columns each, with one accumulator per half, interleaved back at the end.
+    value_pairs = fp8_value_pairs and p.is_fp8
+    # fp8 K as fp16 for q.K^T (config.pallas_fp8_keys_f16_dot): q is rescaled by 2^shift per
+    # row into fp16's range once, and the scores by 2^-shift, both exact powers of two.
+    if fp8_keys_f16_dot and p.is_fp8:
+        key_dtype = jnp.float16
+        q, row_scale = _f16_query(q, scale)
+    else:
+        row_scale = None
 
     def tile_entries(tile):
         """Cache rows and validity of one tile's BN selected entries (always in
@@ -107,22 +118,37 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
         keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :], masked)
         values = _load_rows(v_ref, cache_row[:, None], (v_col + dims)[None, :], valid[:, None], masked)
         keys_t = as_e4m3(keys_t)
-        if fp8_keys_via_f16 and p.is_fp8:  # exact either way; see config.pallas_fp8_keys_via_f16
+        if fp8_keys_via_f16 and p.is_fp8 and key_dtype == jnp.bfloat16:  # exact; config.pallas_fp8_keys_via_f16
             keys_t = keys_t.astype(jnp.float16).astype(jnp.float32)
-        return keys_t.astype(key_dtype), as_e4m3(values).astype(value_dtype)
+        values = as_e4m3(values)
+        if value_pairs:
+            # Columns 2c and 2c+1 of a row are adjacent bytes: Triton reads them out of
+            # shared memory as one 16-bit word and converts the pair with one instruction,
+            # instead of one byte load per element plus repacking (notes/pallas.md, session 7).
+            even, odd = lax.unstack(values.astype(value_dtype).reshape(bn, d // 2, 2), axis=-1)
+            return keys_t.astype(key_dtype), (even, odd)
+        return keys_t.astype(key_dtype), values.astype(value_dtype)
 
     def attend(state, keys_t, values, valid):
-        acc, norm, run_max = state  # [M, D], [M], [M] fp32
-        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * scale  # [M, BN]
+        acc, norm, run_max = state  # [M, D] ([M, D/2] x 2 with value_pairs), [M], [M] fp32
+        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32)  # [M, BN]
+        scores = scores * scale if row_scale is None else scores * row_scale[:, None]
         scores = jnp.where(valid[None, :], scores, MASKED_SCORE)
         new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
         alpha = jnp.exp2(run_max - new_max)
         probs = jnp.where(valid[None, :], jnp.exp2(scores - new_max[:, None]), 0.0)
         # P.V with bf16 (fp8 cache: fp16) probabilities; the normaliser sums the fp32 ones.
-        pv = jnp.dot(probs.astype(value_dtype), values, preferred_element_type=jnp.float32)
-        return acc * alpha[:, None] + pv, norm * alpha + jnp.sum(probs, axis=1), new_max
+        # Written acc * alpha + dot: Triton's combine pass makes it dot(p, v, acc * alpha).
+        probs_v = probs.astype(value_dtype)
+        if value_pairs:
+            acc = tuple(a * alpha[:, None] + jnp.dot(probs_v, v, preferred_element_type=jnp.float32)
+                        for a, v in zip(acc, values))
+        else:
+            acc = acc * alpha[:, None] + jnp.dot(probs_v, values, preferred_element_type=jnp.float32)
+        return acc, norm * alpha + jnp.sum(probs, axis=1), new_max
 
-    init = (jnp.zeros((block_m, d), jnp.float32), jnp.zeros((block_m,), jnp.float32),
+    acc0 = jnp.zeros((block_m, d // 2 if value_pairs else d), jnp.float32)
+    init = ((acc0, acc0) if value_pairs else acc0, jnp.zeros((block_m,), jnp.float32),
             jnp.full((block_m,), MASKED_SCORE, jnp.float32))
     if prefetch:
         # Software-pipelined by hand: the index -> block-table loads of the next
@@ -145,6 +171,8 @@ def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *
 
         acc, norm, run_max = lax.fori_loop(0, num_steps, body, init)
 
+    if value_pairs:  # columns 2c and 2c+1 back side by side
+        acc = lax.stack(acc, axis=-1).reshape(block_m, d)
     has_values = norm > 0
     safe_norm = jnp.maximum(norm, 1.0e-20)
     out = normalised(acc, norm, scales_ref[1] if p.scaled else None)
@@ -247,6 +275,34 @@ def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request
     cache_row = jnp.where(
         valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
     return cache_row, valid
+
+
+# q * 2^shift puts a row's largest |q| in [2^14, 2^15): below fp16's 65504, and every bf16
+# value down to 2^-32 of it keeps all 8 significant bits (fp16 subnormals reach 2^-24).
+F16_QUERY_TOP_EXPONENT = 14
+F16_QUERY_MAX_SHIFT = 126  # |shift| bound: 2^shift and 2^-shift stay normal fp32 (bf16 needs up to 113)
+
+
+def _f16_query(q, scale):
+    """(q * 2^shift as fp16 [M, D], scale * 2^-shift [M]) with a power-of-two shift per row.
+
+    For q.K^T with fp16 K: an fp16 K (exact for e4m3) saves the f16 -> f32 -> bf16 steps of
+    every K element of every tile, for one rescale of q per program. The scores are the
+    bf16 product's bit for bit when the fp16 dot sums its products as the bf16 dot does
+    (config.pallas_fp8_keys_f16_dot): q * 2^shift is exact (power of two, in range) and
+    exactly representable in fp16 for every element within 2^-32 of the row's largest;
+    each product q_i * 2^shift * k_i is exact, so the fp32 sum is the bf16 one times
+    2^shift (scaling by a power of two commutes with rounding away from under/overflow),
+    and (sum * 2^shift) * (scale * 2^-shift) rounds once to the same value as sum * scale.
+    Elements more than 2^32 below their row's largest lose low bits (no effect
+    at the scores' precision); an all-zero row gets the largest shift and stays zero."""
+    qf = q.astype(jnp.float32)
+    top = jnp.max(jnp.abs(qf), axis=1)
+    exponent = ((lax.bitcast_convert_type(top, jnp.int32) >> 23) & 0xFF) - 127
+    shift = jnp.clip(F16_QUERY_TOP_EXPONENT - exponent, -F16_QUERY_MAX_SHIFT, F16_QUERY_MAX_SHIFT)
+    up = lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)  # 2^shift
+    down = lax.bitcast_convert_type((127 - shift) << 23, jnp.float32)  # 2^-shift
+    return (qf * up[:, None]).astype(jnp.float16), scale * down
 
 
 def _load_rows(ref, row_index, col_index, valid, masked: bool):
@@ -383,6 +439,8 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
     kernel = functools.partial(_attention_kernel, p=p, block_m=block_m, one_split=one_split,
                                masked=not interpreted, prefetch=launch.prefetch,
                                fp8_keys_via_f16=config.pallas_fp8_keys_via_f16(),
+                               fp8_value_pairs=config.pallas_fp8_value_pairs(),
+                               fp8_keys_f16_dot=config.pallas_fp8_keys_f16_dot(),
                                fused_merge=fused, merge_block_d=launch.merge_block_d)
     inputs = (q2, k_rows, v_rows, logical_indices, block_table, token_to_req, gate2)
     inputs += (scales,) if p.scaled else ()

@@ -1,0 +1,139 @@
+"""Time the Pallas fp8 sparse-attention kernel against vLLM 0.34.0's at fixed tilings, kernel by kernel.
+
+    python3 tools/fp8_kernel_ab.py [--programs 256,1024,2048] [--geometries TP1,TP4]
+        [--configs table,32/4/1/2] [--knob NAME[+NAME...]]... [--out DIR]
+
+Why (notes/pallas.md, session 7): the fp8 sweep compares each implementation at its own
+best tiling; to find *where* our kernel loses, this times both at the same tilings
+(``block_n/splits/warps/stages``), on the same fresh selections (bench.hopper_sweep's
+``Case``: fp8 e4m3 cache, k/v scales 0.5 / 2.0), and reports the busy time per call split
+by kernel name (attention kernel, merge, anything else XLA launches), from one profiler
+trace per job (``bench.kernel_trace``). ``table`` in --configs is the launch the public
+call picks itself (``config.H200_FP8`` on an H200). Each ``--knob NAME`` (``A+B``: several
+together; the option repeats) adds a run of every Pallas config with those
+``qsa_jax.config`` functions forced True and the other knobs named forced False, after
+the run with all of them False; each is checked bit for bit against that first run
+(the knobs' contract) besides its error from exact attention.
+Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", default="256,1024,2048")
+    ap.add_argument("--geometries", default="TP1,TP4")
+    ap.add_argument("--configs", default="table", help="'table' or block_n/splits/warps/stages, comma-separated")
+    ap.add_argument("--knob", action="append", default=[], help="qsa_jax.config function(s) to switch on, A+B")
+    ap.add_argument("--n-sets", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+
+    import jax
+    import numpy as np
+    import torch
+
+    from bench import hopper_sweep as hs
+    from bench import inputs, kernel_trace
+    from qsa_jax import config
+    from qsa_jax.ops.sparse_attention.api import _run as jitted_call
+    from qsa_testing import originals
+
+    mods = {"0.34.0": originals.load("0.34.0")}
+    pools = {}
+    for name in a.geometries.split(","):
+        geo = inputs.geometry(name, cpu=False, pool_gb=2.0)
+        pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=True)
+    variants = []
+    for spec in a.configs.split(","):
+        if spec == "table":
+            variants.append(None)
+            continue
+        bn, splits, warps, stages = (int(x) for x in spec.split("/"))
+        variants.append(hs.Variant(block_n=bn, splits=splits, warps=warps, stages=stages))
+    knob_sets = [()] + [tuple(k.split("+")) for k in a.knob]
+    knobs = sorted({name for ks in knob_sets for name in ks})
+    for name in knobs:
+        if not callable(getattr(config, name, None)):
+            raise ValueError(f"--knob {name}: no such function in qsa_jax.config")
+    saved = {name: getattr(config, name) for name in knobs}
+    results = []
+
+    def table_fn(case):
+        """N sequential public calls with the tiling and launch the library picks."""
+        import qsa_jax
+        from bench.timing import sequential_calls
+
+        scales = dict(zip(("k_scale", "v_scale"), case.scales))
+
+        def chain(q, kv, idx_sets, bt, t2r, gate):
+            return sequential_calls(lambda i: qsa_jax.sparse_attention(
+                q, kv, i, bt, t2r, gate, implementation="pallas", **scales), idx_sets)
+        return jax.jit(chain)
+
+    def traced(run, wait):
+        s = kernel_trace.trace_runs(run, runs=a.runs, calls_per_run=a.n_sets, wait=wait)
+        return None if s is None else dict(busy_us=s.busy_us_per_call, by_kernel=s.mean_us_by_kernel)
+
+    for programs in (int(x) for x in a.programs.split(",")):
+        for geo_name in a.geometries.split(","):
+            per_head = 2 if geo_name == "TP1" else 1  # TP1: 2 KV heads; TP4: 1
+            rows = programs // per_head
+            case = hs.Case(geo_name, rows, a.n_sets, pools, mods, seed=programs + per_head, scales=hs.FP8_SCALES)
+            run, _ = case.original_calls("0.34.0", False)
+            run()
+            torch.cuda.synchronize()
+            orig = traced(run, lambda _: torch.cuda.synchronize())
+            line = dict(programs=programs, geometry=geo_name, rows=rows,
+                        original_config=case.original_config("0.34.0", False), original=orig, pallas=[])
+            print(f"{geo_name} {programs} programs: 0.34.0 {case.original_config('0.34.0', False)} "
+                  f"{orig and round(orig['busy_us'], 1)} us", flush=True)
+            for v in variants:
+                outs = {}
+                key = "table" if v is None else v.key()
+                for knob_set in knob_sets:
+                    knob = "+".join(knob_set) or "off"
+                    for name in knobs:
+                        setattr(config, name, lambda *args, _k=name in knob_set, **kw: _k)
+                    jitted_call.clear_cache()  # the knobs are read while the call is traced
+                    try:
+                        fn = (table_fn(case) if v is None else hs.build_fn(case, v)).lower(*case.args).compile()
+                    finally:
+                        for name, f in saved.items():
+                            setattr(config, name, f)
+                    out = jax.block_until_ready(fn(*case.args))[0]
+                    outs[knob] = np.asarray(jax.device_get(out))
+                    got = torch.from_dlpack(out)[: case.exact_rows]
+                    t = traced(lambda fn=fn: fn(*case.args), jax.block_until_ready)
+                    rec = dict(variant=key if v is None else dataclasses.asdict(v), knob=knob, timing=t,
+                               err_exact=hs.rel_err(got, case.exact))
+                    line["pallas"].append(rec)
+                    kernels = ", ".join(f"{n[:40]} {us:.1f}" for n, us in sorted((t or {}).get("by_kernel", {}).items(),
+                                                                                  key=lambda kv: -kv[1]))
+                    ratio = t["busy_us"] / orig["busy_us"] if t and orig else float("nan")
+                    print(f"  pallas {key} knob={knob}: {t and round(t['busy_us'], 1)} us ({ratio:.2f}x) "
+                          f"err {rec['err_exact']:.3e} [{kernels}]", flush=True)
+                for knob in list(outs)[1:]:
+                    same = outs[knob].tobytes() == outs["off"].tobytes()
+                    line.setdefault("knob_bit_identical", {})[f"{key} {knob}"] = same
+                    print(f"  {knob} bit-identical to off at {key}: {same}", flush=True)
+            results.append(line)
+            if a.out:
+                os.makedirs(a.out, exist_ok=True)
+                with open(os.path.join(a.out, "ab.json"), "w") as f:
+                    json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
