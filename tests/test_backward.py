@@ -21,11 +21,12 @@ from qsa_testing import cases as C
 IMPLS = ("xla", "pallas")  # pallas: interpret mode on CPU
 
 
-def _case(seed=0, rows=6, heads=4, hk=2, d=16, page=8, blocks=6, context=48, requests=2, edges=True):
+def _case(seed=0, rows=6, heads=4, hk=2, d=16, page=8, blocks=6, context=48, requests=2, edges=True,
+          num_pages=None):
     rng = np.random.default_rng(seed)
     case = C.sparse_attention_case(rng, rows=rows, num_query_heads=heads, num_kv_heads=hk,
                                    head_dim=d, page_size=page, selection_blocks=blocks,
-                                   context_tokens=context, num_requests=requests)
+                                   context_tokens=context, num_requests=requests, num_pages=num_pages)
     if edges:
         C.add_edge_rows(rng, case)
     return case, rng
@@ -133,24 +134,35 @@ def test_bf16_gradients_against_the_floor(impl, config):
     assert (dkv.transpose(0, 2, 1, 3)[~referenced] == 0).all()
 
 
-@pytest.mark.parametrize("kw", [dict(order="sorted"), dict(order="sorted", num_splits=3, block_n=16),
-                                dict(order="selection", num_splits=3, block_n=16)],
-                         ids=["sorted", "sorted-3splits", "selection-3splits"])
-def test_pallas_backward_orders_and_splits(kw):
+@pytest.mark.parametrize("kw,layout,pool", [
+    (dict(order="sorted"), "fused", None), (dict(order="sorted", num_splits=3, block_n=16), "fused", None),
+    (dict(order="selection", num_splits=3, block_n=16), "fused", None),
+    # inverted: the named-pages accumulator (2 x 8 table entries < 19 pages); then a pool of
+    # 6 pages shared by the requests (the whole cache), split layout, 4-slot blocks.
+    (dict(order="inverted", block_n=8), "fused", None), (dict(order="inverted", block_n=4), "split", 6)],
+    ids=["sorted", "sorted-3splits", "selection-3splits", "inverted", "inverted-split-shared"])
+def test_pallas_backward_orders_and_splits(kw, layout, pool):
     """The Pallas backward's entry orders and splittings (backward_pallas.ORDERS) walk the
     same entries: each meets the float64 bar and equals the default walk within fp32
     summation order (here exactly: sums of bf16 products this small are exact in fp32).
-    Poisoned unreferenced rows, edge rows, splits that do not divide the tiles."""
+    Poisoned unreferenced rows, edge rows (duplicates among them), splits that do not
+    divide the tiles."""
     from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
 
-    case, rng = _case(seed=9, rows=5, heads=12, hk=2, d=32, blocks=12, context=64)
+    case, rng = _case(seed=9, rows=5, heads=12, hk=2, d=32, blocks=12, context=64, num_pages=pool)
     case = C.poison_unreferenced(case)
     ct = jnp.asarray(C.bf16_random(rng, case.q.shape))
-    p = _problem(case)
-    args = (jnp.asarray(case.q), (jnp.asarray(case.kv_cache),)) + _meta(case) + (jnp.asarray(case.output_gate),)
+    kv = (jnp.asarray(case.kv_cache),) if layout == "fused" else tuple(map(jnp.asarray, case.split_caches()))
+    p = check_sparse_attention_args(case.q, kv[0] if layout == "fused" else kv, *_meta(case), case.output_gate,
+                                    use_prefill_config=False, config=None)
+    args = (jnp.asarray(case.q), kv) + _meta(case) + (jnp.asarray(case.output_gate),)
     _, attention, lse = B.forward_with_residuals(p, "pallas", *args)
-    default = pallas_backward(p, *args, attention, lse, ct)
-    dq, (dkv,), dgate = pallas_backward(p, *args, attention, lse, ct, **kw)
+    def fused(grads):  # (dq, dkv in the fused layout, dgate)
+        dkv = grads[1][0] if layout == "fused" else jnp.concatenate(grads[1], axis=-1).transpose(0, 2, 1, 3)
+        return grads[0], dkv, grads[2]
+
+    default = fused(pallas_backward(p, *args, attention, lse, ct))
+    dq, dkv, dgate = fused(pallas_backward(p, *args, attention, lse, ct, **kw))
     exact = _exact_grads(case, ct)
     for name, mine, ref, base in zip(("q", "kv", "gate"), (dq, dkv, dgate), exact, jax.tree.leaves(default)):
         mine32 = np.asarray(mine.astype(jnp.float32))
@@ -160,6 +172,18 @@ def test_pallas_backward_orders_and_splits(kw):
         np.testing.assert_array_equal(mine32, np.asarray(base.astype(jnp.float32)), err_msg=name)
     dkv = np.asarray(dkv.astype(jnp.float32))
     assert (dkv.transpose(0, 2, 1, 3)[~C.referenced_rows(case)] == 0).all()
+
+
+def test_pallas_backward_inverted_rejects_block_n_not_dividing_the_page():
+    from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
+
+    case, rng = _case(seed=10, rows=2, edges=False)  # pages of 8
+    p = _problem(case)
+    args = (jnp.asarray(case.q), (jnp.asarray(case.kv_cache),)) + _meta(case) + (jnp.asarray(case.output_gate),)
+    zeros = jnp.zeros(case.q.shape, jnp.bfloat16)
+    with pytest.raises(ValueError, match="block_n"):
+        pallas_backward(p, *args, zeros, jnp.zeros(case.q.shape[:2], jnp.float32), zeros,
+                        order="inverted", block_n=16)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
