@@ -134,14 +134,16 @@ def test_bf16_gradients_against_the_floor(impl, config):
     assert (dkv.transpose(0, 2, 1, 3)[~referenced] == 0).all()
 
 
-@pytest.mark.parametrize("kw,layout,pool", [
-    (dict(order="sorted"), "fused", None), (dict(order="sorted", num_splits=3, block_n=16), "fused", None),
-    (dict(order="selection", num_splits=3, block_n=16), "fused", None),
-    # inverted: the named-pages accumulator (2 x 8 table entries < 19 pages); then a pool of
-    # 6 pages shared by the requests (the whole cache), split layout, 4-slot blocks.
-    (dict(order="inverted", block_n=8), "fused", None), (dict(order="inverted", block_n=4), "split", 6)],
+@pytest.mark.parametrize("kw,layout,pool,rows", [
+    (dict(order="sorted"), "fused", None, 5), (dict(order="sorted", num_splits=3, block_n=16), "fused", None, 5),
+    (dict(order="selection", num_splits=3, block_n=16), "fused", None, 5),
+    # inverted: 12 rows, 5 of them live (2 requests: several rows reference each block,
+    # duplicated tokens among them). The named-pages accumulator (2 x 8 table entries < 19
+    # pages); then a pool of 6 pages shared by the requests (the whole cache as the
+    # accumulator), split layout, 4-slot blocks.
+    (dict(order="inverted", block_n=8), "fused", None, 12), (dict(order="inverted", block_n=4), "split", 6, 12)],
     ids=["sorted", "sorted-3splits", "selection-3splits", "inverted", "inverted-split-shared"])
-def test_pallas_backward_orders_and_splits(kw, layout, pool):
+def test_pallas_backward_orders_and_splits(kw, layout, pool, rows):
     """The Pallas backward's entry orders and splittings (backward_pallas.ORDERS) walk the
     same entries: each meets the float64 bar and equals the default walk within fp32
     summation order (here exactly: sums of bf16 products this small are exact in fp32).
@@ -149,7 +151,7 @@ def test_pallas_backward_orders_and_splits(kw, layout, pool):
     divide the tiles."""
     from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
 
-    case, rng = _case(seed=9, rows=5, heads=12, hk=2, d=32, blocks=12, context=64, num_pages=pool)
+    case, rng = _case(seed=9, rows=rows, heads=12, hk=2, d=32, blocks=12, context=64, num_pages=pool)
     case = C.poison_unreferenced(case)
     ct = jnp.asarray(C.bf16_random(rng, case.q.shape))
     kv = (jnp.asarray(case.kv_cache),) if layout == "fused" else tuple(map(jnp.asarray, case.split_caches()))
@@ -164,14 +166,41 @@ def test_pallas_backward_orders_and_splits(kw, layout, pool):
     default = fused(pallas_backward(p, *args, attention, lse, ct))
     dq, dkv, dgate = fused(pallas_backward(p, *args, attention, lse, ct, **kw))
     exact = _exact_grads(case, ct)
-    for name, mine, ref, base in zip(("q", "kv", "gate"), (dq, dkv, dgate), exact, jax.tree.leaves(default)):
-        mine32 = np.asarray(mine.astype(jnp.float32))
+    rounded = _selected_thrice(p, case) if kw["order"] == "inverted" else None
+    for name, mine, ref, base in zip(("q", "kv", "gate"), (dq, dkv, dgate), exact, default):
+        mine32, base32 = (np.asarray(x.astype(jnp.float32)) for x in (mine, base))
         assert not np.isnan(mine32).any(), name
         floor = _rel(jnp.asarray(ref, jnp.bfloat16), ref)
         assert _rel(mine, ref) <= BF16_BAR["pallas"][name] * floor, name
-        np.testing.assert_array_equal(mine32, np.asarray(base.astype(jnp.float32)), err_msg=name)
+        if name == "kv" and rounded is not None and rounded.any():
+            # "inverted" weights dS and p by a row's multiplicity c of a token before the
+            # bf16 rounding of the dot operand, the default adds c rounded copies: the same
+            # for c <= 2 (exact doubling), one bf16 rounding apart for c >= 3 (shared pages
+            # named thrice by one request here; real selections pick distinct blocks).
+            assert 2 * rounded.sum() <= rounded.size  # most slots still compared exactly
+            mine32, base32 = (x.transpose(0, 2, 1, 3) for x in (mine32, base32))
+            np.testing.assert_allclose(mine32[rounded], base32[rounded], rtol=0.05, atol=0.05 * np.abs(base32).max())
+            mine32, base32 = mine32[~rounded], base32[~rounded]
+        np.testing.assert_array_equal(mine32, base32, err_msg=name)
     dkv = np.asarray(dkv.astype(jnp.float32))
     assert (dkv.transpose(0, 2, 1, 3)[~C.referenced_rows(case)] == 0).all()
+
+
+def _selected_thrice(p, case):
+    """[NB, P] cache slots that some row selects 3 or more times (consumed, valid entries)."""
+    from qsa_jax.ops.sparse_attention.backward_pallas import entry_lists
+
+    entries, _, _ = entry_lists(p, *_meta(case), "selection")
+    entries = np.asarray(entries)
+    kv = p.kv
+    mask = np.zeros((kv.num_pages, kv.page_size), bool)
+    for row in entries:
+        rows, times = np.unique(row[row >= 0], return_counts=True)
+        slot = rows[times >= 3] // kv.num_kv_heads if not kv.fused else (
+            rows[times >= 3] // (kv.num_kv_heads * kv.page_size) * kv.page_size
+            + rows[times >= 3] % (kv.num_kv_heads * kv.page_size))
+        mask.reshape(-1)[slot] = True
+    return mask
 
 
 def test_pallas_backward_inverted_rejects_block_n_not_dividing_the_page():
