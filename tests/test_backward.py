@@ -203,6 +203,38 @@ def _selected_thrice(p, case):
     return mask
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_inverted_index_against_a_loop(fused):
+    """backward_pallas.inverted_index (the CSR of references per slot block) against a plain
+    Python construction, on scattered single-token entries (no 4-token runs to hide an
+    off-by-one at a block boundary), -1 holes and repeated tokens."""
+    from qsa_jax.ops.sparse_attention.backward_pallas import inverted_index
+    from qsa_jax.ops.sparse_attention.base import KVLayout
+
+    rng = np.random.default_rng(11)
+    kv = KVLayout(fused, num_pages=5, page_size=8, num_kv_heads=2, head_dim=16)
+    p = _problem(_case(seed=11, rows=1, edges=False)[0])
+    p = p.__class__(**{**p.__dict__, "kv": kv})
+    rows, width, block = 7, 9, 4
+    slots = rng.integers(0, kv.num_pages * kv.page_size, (rows, width))
+    slots[rng.random((rows, width)) < 0.25] = -1
+    slots[:, 1] = np.where(rng.random(rows) < 0.5, slots[:, 0], slots[:, 1])  # repeats
+    page, token = slots // kv.page_size, slots % kv.page_size
+    acc = np.where(slots >= 0, kv.row_index(page, token, 0), -1).astype(np.int32)
+    starts, ref_rows, counts = (np.asarray(x) for x in inverted_index(p, jnp.asarray(acc), 40, block))
+    want = {}
+    for r in range(rows):
+        for s in slots[r][slots[r] >= 0]:
+            want.setdefault((s // block, r), np.zeros(block, int))[s % block] += 1
+    refs = sorted(want)
+    assert starts[-1] == len(refs)
+    for b in range(10):
+        mine = [(b, int(r)) for r in ref_rows[starts[b]:starts[b + 1]]]
+        assert mine == [k for k in refs if k[0] == b], b
+        for i, k in enumerate(mine):
+            np.testing.assert_array_equal(counts[starts[b] + i], want[k])
+
+
 def test_pallas_backward_inverted_rejects_block_n_not_dividing_the_page():
     from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
 
