@@ -140,8 +140,8 @@ def test_bf16_gradients_against_the_floor(impl, config):
     # inverted: 12 rows, 5 of them live (2 requests: several rows reference each block,
     # duplicated tokens among them). The named-pages accumulator (2 x 8 table entries < 19
     # pages); then a pool of 6 pages shared by the requests (the whole cache as the
-    # accumulator), split layout, 4-slot blocks.
-    (dict(order="inverted", block_n=8), "fused", None, 12), (dict(order="inverted", block_n=4), "split", 6, 12)],
+    # accumulator), split layout, 4-slot blocks, 16 lanes.
+    (dict(order="inverted", block_n=8), "fused", None, 12), (dict(order="inverted", block_n=4, lanes=16), "split", 6, 12)],
     ids=["sorted", "sorted-3splits", "selection-3splits", "inverted", "inverted-split-shared"])
 def test_pallas_backward_orders_and_splits(kw, layout, pool, rows):
     """The Pallas backward's entry orders and splittings (backward_pallas.ORDERS) walk the

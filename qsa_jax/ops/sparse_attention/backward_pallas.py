@@ -23,6 +23,10 @@ The gradient contract and the formulas are in ``backward.py``. Layout of the wor
     bad request/page) are masked out of the atomics, so unreferenced rows stay
     exactly 0. Atomics make the summation order, hence the last bits of dK/dV (and
     of dq with several splits), run-dependent on the GPU: not deterministic.
+* ``order="inverted"`` (token-major dK/dV, an experiment): the kernel above computes only
+  dq, and ``_inverted_kernel`` computes dK/dV per block of cache slots from the inverse of
+  the entry lists (``inverted_index``): fp32 sums in registers, each cache row written
+  once in the cache dtype -- no atomics, no accumulator passes, deterministic.
 * Padded query rows (G -> a power of two >= 16) repeat head G-1, as in the forward;
   they are masked out of the dK/dV sums and of the dq atomics.
 
@@ -81,9 +85,11 @@ ORDERS = ("selection", "sorted", "inverted")
 DEFAULT_ORDER = "selection"
 # The inverted kernel: cache slots per program (a multiple of the selection's 4-token
 # blocks; >= 16 for Triton's dots; must divide the page size) and (row, query head)
-# lanes per step of its walk (the M of its dots).
+# lanes per step of its walk (the M of its dots). Compiled for sm_90 on the CPU machine
+# (tools/sm90_compile_grad.py --order inverted, D = 256, 8 warps): 32 lanes 106 registers,
+# 52 KB shared (two programs per SM); 64 lanes 234 registers, 88 KB (one); no spills.
 INVERTED_BLOCK_ROWS = 16
-INVERTED_LANES = 64
+INVERTED_LANES = 32
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
@@ -373,12 +379,15 @@ def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_t
 def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                     token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
                     num_splits: int | None = None, num_warps: int | None = None,
-                    relaxed_atomics: bool | None = None, order: str | None = None):
+                    relaxed_atomics: bool | None = None, order: str | None = None,
+                    lanes: int | None = None):
     """Cotangents (dq table, dkv_arrays, dgate); see the module docstring.
     ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
     order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
     ``order``: how each row's entries are walked and split (``ORDERS``); None:
-    ``DEFAULT_ORDER``."""
+    ``DEFAULT_ORDER``. With "inverted", ``block_n``, ``num_warps`` and ``lanes`` are the
+    dK/dV kernel's (None: ``INVERTED_BLOCK_ROWS``, ``DEFAULT_WARPS``, ``INVERTED_LANES``)
+    and the dq walk keeps its defaults (``num_splits`` still applies to it)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
@@ -434,26 +443,28 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         out_specs=(pl.no_block_spec,) * 2,
         # The accumulators start as zeros and are updated in place.
         input_output_aliases={9: 0, 10: 1},
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
+        compiler_params=plgpu.CompilerParams(num_warps=(not inverted and num_warps) or DEFAULT_WARPS,
+                                             num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
     )(q.reshape(-1, d), k_rows, v_rows, entries, acc, da16, delta, lse, end,
       jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
     if inverted:
         dkv = _inverted_dkv(p, q, k_rows, v_rows, acc, compaction, acc_rows, da16, delta, lse,
-                            kv_arrays[0].dtype, block_n or INVERTED_BLOCK_ROWS, num_warps, interpreted)
+                            kv_arrays[0].dtype, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES,
+                            num_warps, interpreted)
     return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv, compaction),
             d_gate)
 
 
 def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction, acc_rows: int, da16,
-                  delta, lse, dtype, block_rows: int, num_warps: int | None, interpreted: bool):
+                  delta, lse, dtype, block_rows: int, lanes: int, num_warps: int | None, interpreted: bool):
     """dK|dV [acc_rows, 2D] in ``dtype`` from ``_inverted_kernel`` (every row written once)."""
     kv, d = p.kv, p.head_dim
     num_slots = acc_rows // kv.num_kv_heads
     starts, ref_rows, counts = inverted_index(p, acc, num_slots, block_rows)
     pages = compaction[0] if compaction is not None else jnp.zeros((1,), jnp.int32)
-    kernel = functools.partial(_inverted_kernel, p=p, block_rows=block_rows, lanes=INVERTED_LANES,
+    kernel = functools.partial(_inverted_kernel, p=p, block_rows=block_rows, lanes=lanes,
                                compact=compaction is not None, interpreted=interpreted)
     return pl.pallas_call(
         kernel,
