@@ -392,8 +392,14 @@ def test_pallas_backward_lowers_to_triton_for_sm90(monkeypatch):
         checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
         text = jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
         assert "qsa_sparse_attention_backward" in text
+        return text
 
     export(jax.grad(loss, argnums=(0, 1, 2)), q, fused, q)
+    p = _problem(case)
+    lse = jax.ShapeDtypeStruct(case.q.shape[:2], jnp.float32)
+    inverted = lambda q, kv, g, a, lse, c: backward_pallas.pallas_backward(  # noqa: E731
+        p, q, (kv,), li, bt, tr, g, a, lse, c, order="inverted")
+    assert "qsa_sparse_attention_backward_inverted" in export(inverted, q, fused, q, q, lse, q)
     export(jax.grad(lambda q, k, v, g: loss(q, (k, v), g), argnums=(0, 1, 2, 3)), q, half, half, q)
     batch = lambda s: jax.ShapeDtypeStruct((2,) + s.shape, s.dtype)  # noqa: E731
     export(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), batch(q), batch(fused), batch(q))
