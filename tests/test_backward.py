@@ -235,16 +235,18 @@ def test_inverted_index_against_a_loop(fused):
             np.testing.assert_array_equal(counts[starts[b] + i], want[k])
 
 
-def test_pallas_backward_inverted_rejects_block_n_not_dividing_the_page():
+def test_pallas_backward_inverted_rejects_bad_launch_knobs():
     from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
 
     case, rng = _case(seed=10, rows=2, edges=False)  # pages of 8
     p = _problem(case)
     args = (jnp.asarray(case.q), (jnp.asarray(case.kv_cache),)) + _meta(case) + (jnp.asarray(case.output_gate),)
     zeros = jnp.zeros(case.q.shape, jnp.bfloat16)
-    with pytest.raises(ValueError, match="block_n"):
-        pallas_backward(p, *args, zeros, jnp.zeros(case.q.shape[:2], jnp.float32), zeros,
-                        order="inverted", block_n=16)
+    lse = jnp.zeros(case.q.shape[:2], jnp.float32)
+    with pytest.raises(ValueError, match="block_n dividing the page size 8"):
+        pallas_backward(p, *args, zeros, lse, zeros, order="inverted", block_n=16)
+    with pytest.raises(ValueError, match="lanes"):
+        pallas_backward(p, *args, zeros, lse, zeros, order="inverted", block_n=8, lanes=-1)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

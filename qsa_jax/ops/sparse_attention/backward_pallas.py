@@ -395,9 +395,8 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     if order not in ORDERS:
         raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
     inverted = order == "inverted"
-    if inverted and kv.page_size % (block_n or INVERTED_BLOCK_ROWS):
-        raise ValueError(f"order='inverted' needs block_n dividing the page size {kv.page_size}; "
-                         f"got block_n={block_n or INVERTED_BLOCK_ROWS}")
+    if inverted:
+        _check_inverted_launch(kv, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES, interpret())
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
                                                  d_out, jnp.float32, delta_dtype=jnp.bfloat16)
     compaction = named_pages(p, block_table)
@@ -455,6 +454,18 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
                             num_warps, interpreted)
     return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv, compaction),
             d_gate)
+
+
+def _check_inverted_launch(kv, block_rows: int, lanes: int, interpreted: bool):
+    """The inverted kernel's launch knobs, checked before anything is traced or launched:
+    blocks never straddle a page, and Triton's dots take power-of-two sides >= 16 (the
+    interpreter takes any size: the CPU tests use small pages)."""
+    if kv.page_size % block_rows:
+        raise ValueError(f"order='inverted' needs block_n dividing the page size {kv.page_size}; "
+                         f"got block_n={block_rows}")
+    for name, value in (("block_n", block_rows), ("lanes", lanes)):
+        if value < 1 or (not interpreted and (value < 16 or value & (value - 1))):
+            raise ValueError(f"order='inverted' needs {name} a power of two >= 16 on the GPU; got {value}")
 
 
 def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction, acc_rows: int, da16,
