@@ -262,7 +262,8 @@ def inverted_index(p: SparseAttentionProblem, acc, num_slots: int, block_rows: i
 
     ``acc``: [R, W] head-0 accumulator rows of the valid entries, -1 elsewhere (``entry_lists``,
     "selection"); ``num_slots``: accumulator pages x page size (slot = page * P + token).
-    Returns (starts [num_blocks + 1], ref_rows [R*W], counts [R*W, block_rows]) int32: the
+    Returns (starts [num_blocks + 1], ref_rows [R*W], counts [R*W, block_rows]) int32 (counts
+    int16 for W < 2**15): the
     references of block b are ``starts[b] .. starts[b+1]``, each a row that selects some of
     the block's slots, ``counts`` times each (duplicated entries count once per occurrence).
     Built with one stable sort of the valid entries by block (row-major positions, so rows
@@ -291,7 +292,10 @@ def inverted_index(p: SparseAttentionProblem, acc, num_slots: int, block_rows: i
     before = jnp.cumsum(new, dtype=jnp.int32)  # references started up to each entry
     target = jnp.where(live, before - 1, n)  # row n: dropped
     ref_rows = jnp.zeros((n,), jnp.int32).at[target].set(row, mode="drop")
-    counts = jnp.zeros((n, block_rows), jnp.int32).at[target, sub].add(1, mode="drop")
+    # A multiplicity is at most W: int16 when that fits (half the bytes of this, the
+    # largest array of the index: R*W x block_rows).
+    count_dtype = jnp.int16 if width < 2**15 else jnp.int32
+    counts = jnp.zeros((n, block_rows), count_dtype).at[target, sub].add(1, mode="drop")
     first = jnp.searchsorted(block_s, jnp.arange(num_blocks + 1, dtype=jnp.int32), side="left")
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), before])[first]
     return starts.astype(jnp.int32), ref_rows, counts
