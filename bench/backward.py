@@ -1,7 +1,8 @@
 """Speed and memory of the sparse-attention gradients (issue 16).
 
     python -m bench.backward [--tp TP1] [--rows 1024,2048] [--requests 0,1] [--out DIR]
-                             [--variants sorted,sorted:32:8:17,16:4]
+                             [--variants sorted,sorted:32:8:17,16:4,inverted,inverted:16:8:0:64]
+                             [--grad-orders inverted]
 
 Per (geometry, rows, requests), on one set of fresh inputs at the real shapes (GPU; CPU runs
 reduced sizes as a smoke test, see ``bench.inputs.geometry``):
@@ -16,9 +17,12 @@ reduced sizes as a smoke test, see ``bench.inputs.geometry``):
   and the XLA backward of backward.py);
 * ``grad xla autodiff`` (``--autodiff``): JAX's own reverse mode through the XLA
   reference forward, with no custom VJP (what existed before this issue);
-* each ``--variants`` entry ``[order:]block_n:num_warps[:splits]`` or just an order
-  (``backward_pallas.ORDERS``, e.g. ``sorted``): the backward alone with that walk and
-  launch (same gradient up to the atomics' summation order);
+* each ``--variants`` entry ``[order:]block_n:num_warps[:splits[:lanes]]`` or just an order
+  (``backward_pallas.ORDERS``, e.g. ``sorted``; 0: that knob's default; lanes: the
+  inverted kernel's): the backward alone with that walk and launch (same gradient up to
+  the atomics' summation order);
+* ``grad pallas <order>`` for each ``--grad-orders`` entry: ``grad pallas`` with that order
+  as the Pallas backward's default while it is traced (e.g. ``inverted``);
 * ``backward acq_rel atomics`` (skip with ``--no-acq-rel``): the backward alone with its
   fp32 atomics in Pallas's own acquire-release order, the default before session 6
   (the default is relaxed order: qsa_jax/ops/_relaxed_atomics.py says why that is sound).
@@ -74,10 +78,11 @@ def _measure(fn, args, reps: int) -> tuple[dict, object]:
 
 
 def _variant(text: str) -> dict:
-    """``[order:]block_n:num_warps[:splits]`` or just an order (backward_pallas.ORDERS)."""
+    """``[order:]block_n:num_warps[:splits[:lanes]]`` or just an order (backward_pallas.ORDERS);
+    0: the default."""
     fields = text.split(":")
     kw = {"order": fields.pop(0)} if fields and not fields[0].isdigit() else {}
-    kw.update(zip(("block_n", "num_warps", "num_splits"), (int(x) for x in fields)))
+    kw.update(zip(("block_n", "num_warps", "num_splits", "lanes"), (int(x) or None for x in fields)))
     return kw
 
 
@@ -102,7 +107,8 @@ def main() -> int:
                     help="comma-separated: requests the rows are dealt to (0: one per row, pages shared "
                          "at random across requests when the pool is smaller than all contexts; 1: one "
                          "long sequence, as in training)")
-    ap.add_argument("--variants", default="", help="comma-separated [order:]block_n:num_warps[:splits] or order")
+    ap.add_argument("--variants", default="", help="comma-separated [order:]block_n:num_warps[:splits[:lanes]] or order")
+    ap.add_argument("--grad-orders", default="", help="comma-separated orders to time jax.grad with")
     ap.add_argument("--no-acq-rel", dest="acq_rel", action="store_false",
                     help="skip the backward with acquire-release atomics (see the docstring)")
     ap.add_argument("--autodiff", action="store_true", help="also time JAX's autodiff of the XLA forward")
@@ -115,6 +121,7 @@ def main() -> int:
     from qsa_jax.ops.sparse_attention import backward as B
     from qsa_jax.ops.sparse_attention import xla as xla_impl
     from qsa_jax.ops.sparse_attention.api import _plan
+    from qsa_jax.ops.sparse_attention import backward_pallas
     from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
     from qsa_testing import cases as C
 
@@ -162,6 +169,8 @@ def main() -> int:
                 steps.append(backward("backward acq_rel atomics", relaxed_atomics=False))
             steps += [backward(f"backward {label}", **v) for label, v in variants]
             steps.append(("grad pallas", grad_of("pallas"), (inp.q, kv, inp.gate)))
+            steps += [(f"grad pallas {order}", grad_of("pallas"), (inp.q, kv, inp.gate))
+                      for order in a.grad_orders.split(",") if order]
             if a.xla:
                 steps.append(("grad xla", grad_of("xla"), (inp.q, kv, inp.gate)))
             if a.autodiff:
@@ -169,6 +178,9 @@ def main() -> int:
                               (inp.q, kv, inp.gate)))
             measured, reference = {}, None
             for name, fn, args in steps:
+                default_order = backward_pallas.DEFAULT_ORDER
+                if name.startswith("grad pallas "):  # traced (and compiled) inside _measure
+                    backward_pallas.DEFAULT_ORDER = name.split()[-1]
                 try:
                     r, out = _measure(fn, args, a.reps)
                     if name == "backward":
@@ -178,6 +190,8 @@ def main() -> int:
                     del out
                 except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: report and go on
                     r = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                finally:
+                    backward_pallas.DEFAULT_ORDER = default_order
                 measured[name] = r
                 fwd = measured["forward"].get("busy_us") or measured["forward"].get("wall_us")
                 own = r.get("busy_us") or r.get("wall_us")

@@ -136,7 +136,8 @@ def test_triton_gradients_use_the_pallas_backward():
 
 
 @pytest.mark.parametrize("kw", [dict(order="sorted"), dict(order="sorted", num_splits=17),
-                                dict(relaxed_atomics=False)], ids=["sorted", "sorted-17splits", "acq_rel"])
+                                dict(relaxed_atomics=False), dict(order="inverted")],
+                         ids=["sorted", "sorted-17splits", "acq_rel", "inverted"])
 def test_pallas_backward_variants_agree_gpu(kw):
     """The backward's other walks (backward_pallas.ORDERS) and the acq_rel atomics give the
     default's gradients up to summation order, at the real TP1 shapes with shared pages,

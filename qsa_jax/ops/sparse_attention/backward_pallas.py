@@ -23,6 +23,10 @@ The gradient contract and the formulas are in ``backward.py``. Layout of the wor
     bad request/page) are masked out of the atomics, so unreferenced rows stay
     exactly 0. Atomics make the summation order, hence the last bits of dK/dV (and
     of dq with several splits), run-dependent on the GPU: not deterministic.
+* ``order="inverted"`` (token-major dK/dV, an experiment): the kernel above computes only
+  dq, and ``_inverted_kernel`` computes dK/dV per block of cache slots from the inverse of
+  the entry lists (``inverted_index``): fp32 sums in registers, each cache row written
+  once in the cache dtype -- no atomics, no accumulator passes, deterministic.
 * Padded query rows (G -> a power of two >= 16) repeat head G-1, as in the forward;
   they are masked out of the dK/dV sums and of the dq atomics.
 
@@ -71,8 +75,21 @@ RELAXED_ATOMICS = True
 #   accumulator while it is still in the L2. Costs: an XLA sort of [R, W] int32, and
 #   per program a q/dA load and an atomic dq add ([G, D] fp32). An experiment until
 #   measured (notes/backward.md, session 6).
-ORDERS = ("selection", "sorted")
+# * "inverted": token-major dK/dV (``_inverted_kernel``). dq comes from the "selection"
+#   walk with its dK/dV part switched off; dK/dV from one program per (block of
+#   ``block_n`` consecutive cache slots of a page, KV head) that walks the rows
+#   referencing its block (``inverted_index``, built per call in XLA), sums dK/dV in fp32
+#   registers and writes each cache row once in the cache dtype: no atomics, no
+#   cache-sized accumulator, deterministic. An experiment until measured (session 7).
+ORDERS = ("selection", "sorted", "inverted")
 DEFAULT_ORDER = "selection"
+# The inverted kernel: cache slots per program (a multiple of the selection's 4-token
+# blocks; >= 16 for Triton's dots; must divide the page size) and (row, query head)
+# lanes per step of its walk (the M of its dots). Compiled for sm_90 on the CPU machine
+# (tools/sm90_compile_grad.py --order inverted, D = 256, 8 warps): 32 lanes 106 registers,
+# 52 KB shared (two programs per SM); 64 lanes 234 registers, 88 KB (one); no spills.
+INVERTED_BLOCK_ROWS = 16
+INVERTED_LANES = 32
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
@@ -109,7 +126,7 @@ def _add_rows(ref, row_index, col0: int, values, valid, interpreted: bool, relax
 def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_ref, lse_ref, end_ref,
                      _dq_in, _dkv_in, dq_ref, dkv_ref, *, p: SparseAttentionProblem, block_m: int,
                      block_n: int, num_splits: int, contiguous: bool, compact: bool, interpreted: bool,
-                     relaxed: bool):
+                     relaxed: bool, with_dkv: bool = True):
     kv = p.kv
     d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     bn = block_n
@@ -161,6 +178,8 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_
         dp = jnp.dot(da16, values_t, preferred_element_type=jnp.float32)
         ds = probs * (dp - delta[:, None])
         dq_acc = dq_acc + _dot(ds.astype(jnp.bfloat16), keys_t, (1, 1))  # [M, D]
+        if not with_dkv:  # order="inverted": dK/dV come from _inverted_kernel
+            return dq_acc
         ds_kv = jnp.where(real[:, None], ds, 0.0).astype(jnp.bfloat16)
         p_kv = jnp.where(real[:, None], probs, 0.0).astype(jnp.bfloat16)
         d_keys = _dot(ds_kv, q, (0, 0)) * scale  # [BN, D]
@@ -175,6 +194,111 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_
         dq_ref[q_rows, :] = dq  # padded lanes store head G-1's identical value
     else:
         _add_rows(dq_ref, q_rows, 0, dq, real, interpreted, relaxed)
+
+
+def _inverted_kernel(q_ref, k_ref, v_ref, pages_ref, starts_ref, ref_rows_ref, counts_ref, da_ref,
+                     delta_ref, lse_ref, dkv_ref, *, p: SparseAttentionProblem, block_rows: int,
+                     lanes: int, compact: bool, interpreted: bool):
+    """dK|dV of one (block of ``block_rows`` cache slots, KV head), written once.
+
+    The block's references (rows that select any of its slots, ``inverted_index``) are
+    walked ``lanes`` (row, query head) pairs at a time -- the references flattened with
+    their G heads, so a G of 12 pads no lane. Per step: p and dS of the lanes against
+    the block's K/V ([lanes, BR], weighted by how many times the lane's row selects
+    each slot; 0 where it selects none), and dK += dSᵀq, dV += pᵀdA ([BR, D] fp32).
+    """
+    kv = p.kv
+    d, g, heads, br = p.head_dim, p.group_size, p.num_query_heads, block_rows
+    k_col, v_col = 0, (d if kv.fused else 0)
+    block, head = pl.program_id(0), pl.program_id(1)
+    slot0 = block * br  # blocks never straddle a page: br divides the page size
+    acc_page, token0 = slot0 // kv.page_size, slot0 % kv.page_size
+    page = jnp.minimum(pages_ref[acc_page], kv.num_pages - 1) if compact else acc_page  # padding pages: no refs
+    tokens = token0 + lax.broadcasted_iota(jnp.int32, (br,), 0)
+    cache_row = kv.row_index(page, tokens, head)
+    start, end = starts_ref[block], starts_ref[block + 1]
+    pairs = (end - start) * g
+    dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
+    # An empty block loads nothing (masked on the GPU) and writes zeros.
+    live = jnp.broadcast_to(end > start, (1, br))
+    keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], live, not interpreted)
+    values_t = _load_rows(v_ref, cache_row[None, :], (v_col + dims)[:, None], live, not interpreted)
+    lane = lax.broadcasted_iota(jnp.int32, (lanes,), 0)
+    slots = lax.broadcasted_iota(jnp.int32, (br,), 0)
+    scale = d ** -0.5
+
+    def body(step, carry):
+        d_keys, d_values = carry
+        pair = step * lanes + lane
+        ok = pair < pairs
+        pair = jnp.minimum(pair, pairs - 1)  # past the end: repeat the last lane, masked below
+        ref, j = start + pair // g, pair % g
+        row = ref_rows_ref[ref]
+        q = q_ref[p.queries.row(row, head * g + j), :]  # [M, D] bf16
+        flat = row * heads + head * g + j
+        da16 = da_ref[flat, :]
+        delta, lse = delta_ref[flat], lse_ref[flat]
+        times = counts_ref[ref[:, None], slots[None, :]]  # [M, BR] multiplicities
+        use = ok[:, None] & (times > 0)
+        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * (scale * LOG2_E)
+        # where, never a multiply: a slot nobody here selects may hold NaN (and huge K).
+        probs = jnp.where(use, jnp.exp2(scores - lse[:, None]), 0.0)  # [M, BR]
+        dp = jnp.dot(da16, values_t, preferred_element_type=jnp.float32)
+        ds = jnp.where(use, probs * (dp - delta[:, None]), 0.0)
+        weight = times.astype(jnp.float32)  # a token selected twice counts twice
+        d_keys = d_keys + _dot((ds * weight).astype(jnp.bfloat16), q, (0, 0)) * scale  # [BR, D]
+        d_values = d_values + _dot((probs * weight).astype(jnp.bfloat16), da16, (0, 0))
+        return d_keys, d_values
+
+    zero = jnp.zeros((br, d), jnp.float32)
+    d_keys, d_values = lax.fori_loop(0, (pairs + lanes - 1) // lanes, body, (zero, zero))
+    out_row = kv.row_index(acc_page, tokens, head)  # the accumulator's own pages
+    dkv_ref[out_row[:, None], dims[None, :]] = d_keys.astype(dkv_ref.dtype)
+    dkv_ref[out_row[:, None], (d + dims)[None, :]] = d_values.astype(dkv_ref.dtype)
+
+
+def inverted_index(p: SparseAttentionProblem, acc, num_slots: int, block_rows: int):
+    """The inverse of the entry lists, per block of ``block_rows`` accumulator slots.
+
+    ``acc``: [R, W] head-0 accumulator rows of the valid entries, -1 elsewhere (``entry_lists``,
+    "selection"); ``num_slots``: accumulator pages x page size (slot = page * P + token).
+    Returns (starts [num_blocks + 1], ref_rows [R*W], counts [R*W, block_rows]) int32 (counts
+    int16 for W < 2**15): the
+    references of block b are ``starts[b] .. starts[b+1]``, each a row that selects some of
+    the block's slots, ``counts`` times each (duplicated entries count once per occurrence).
+    Built with one stable sort of the valid entries by block (row-major positions, so rows
+    stay ascending inside a block) and scans; static sizes (R*W references at most).
+    """
+    kv = p.kv
+    rows, width = acc.shape
+    n = rows * width
+    if n >= 2**31:
+        raise ValueError(f"order='inverted' needs rows x W < 2**31 entries; got {rows} x {width}")
+    flat = acc.reshape(-1)
+    valid = flat >= 0
+    if kv.fused:  # head-0 row = page * Hk * P + token
+        span = kv.num_kv_heads * kv.page_size
+        slot = (flat // span) * kv.page_size + flat % span
+    else:  # head-0 row = (page * P + token) * Hk
+        slot = flat // kv.num_kv_heads
+    num_blocks = num_slots // block_rows
+    block = jnp.where(valid, slot // block_rows, num_blocks)  # invalid entries sort last
+    block_s, position = lax.sort((block, jnp.arange(n, dtype=jnp.int32)), num_keys=1, is_stable=True)
+    row = position // width
+    sub = jnp.where(valid, slot % block_rows, 0)[position]
+    live = block_s < num_blocks
+    new = live & jnp.concatenate([jnp.ones((1,), bool),
+                                  (block_s[1:] != block_s[:-1]) | (row[1:] != row[:-1])])
+    before = jnp.cumsum(new, dtype=jnp.int32)  # references started up to each entry
+    target = jnp.where(live, before - 1, n)  # row n: dropped
+    ref_rows = jnp.zeros((n,), jnp.int32).at[target].set(row, mode="drop")
+    # A multiplicity is at most W: int16 when that fits (half the bytes of this, the
+    # largest array of the index: R*W x block_rows).
+    count_dtype = jnp.int16 if width < 2**15 else jnp.int32
+    counts = jnp.zeros((n, block_rows), count_dtype).at[target, sub].add(1, mode="drop")
+    first = jnp.searchsorted(block_s, jnp.arange(num_blocks + 1, dtype=jnp.int32), side="left")
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), before])[first]
+    return starts.astype(jnp.int32), ref_rows, counts
 
 
 def default_splits(p: SparseAttentionProblem, block_n: int) -> int:
@@ -259,27 +383,35 @@ def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_t
 def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
                     token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
                     num_splits: int | None = None, num_warps: int | None = None,
-                    relaxed_atomics: bool | None = None, order: str | None = None):
+                    relaxed_atomics: bool | None = None, order: str | None = None,
+                    lanes: int | None = None):
     """Cotangents (dq table, dkv_arrays, dgate); see the module docstring.
     ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
     order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
     ``order``: how each row's entries are walked and split (``ORDERS``); None:
-    ``DEFAULT_ORDER``."""
+    ``DEFAULT_ORDER``. With "inverted", ``block_n``, ``num_warps`` and ``lanes`` are the
+    dK/dV kernel's (None: ``INVERTED_BLOCK_ROWS``, ``DEFAULT_WARPS``, ``INVERTED_LANES``)
+    and the dq walk keeps its defaults (``num_splits`` still applies to it)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
     order = order or DEFAULT_ORDER
     if order not in ORDERS:
         raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
+    inverted = order == "inverted"
+    if inverted:
+        _check_inverted_launch(kv, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES, interpret())
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
                                                  d_out, jnp.float32, delta_dtype=jnp.bfloat16)
     compaction = named_pages(p, block_table)
     acc_rows = kv.num_rows if compaction is None else compaction[0].shape[0] * (kv.num_rows // kv.num_pages)
-    zero_kv = jnp.zeros((acc_rows, 2 * d), jnp.float32)
+    # The dq walk of "inverted" never touches its dK/dV accumulator: a placeholder row.
+    zero_kv = jnp.zeros((1 if inverted and rows else acc_rows, 2 * d), jnp.float32)
     if rows == 0:
         return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
                 _kv_cotangent(p, kv_arrays, zero_kv, compaction), d_gate)
-    bn = block_n or DEFAULT_BLOCK_N
+    # "inverted": block_n is the dK/dV kernel's slots per program; dq walks with the default tile.
+    bn = (None if inverted else block_n) or DEFAULT_BLOCK_N
     sorted_order = order == "sorted"
     if num_splits:
         splits = num_splits
@@ -288,7 +420,8 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     else:
         splits = default_splits(p, bn)
     interpreted = interpret()
-    entries, acc, end = entry_lists(p, logical_indices, block_table, token_to_req, order, compaction)
+    entries, acc, end = entry_lists(p, logical_indices, block_table, token_to_req,
+                                    "selection" if inverted else order, compaction)
     if kv.fused:
         k_rows = v_rows = kv_arrays[0].reshape(kv.num_rows, 2 * d)
     else:
@@ -298,9 +431,13 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     kernel = functools.partial(_backward_kernel, p=p, block_m=block_m, block_n=bn,
                                num_splits=splits, contiguous=sorted_order, compact=compaction is not None,
                                interpreted=interpreted,
-                               relaxed=RELAXED_ATOMICS if relaxed_atomics is None else relaxed_atomics)
+                               relaxed=RELAXED_ATOMICS if relaxed_atomics is None else relaxed_atomics,
+                               with_dkv=not inverted)
     acc_shapes = (jax.ShapeDtypeStruct((rows * heads, d), jnp.float32),
-                  jax.ShapeDtypeStruct((acc_rows, 2 * d), jnp.float32))
+                  jax.ShapeDtypeStruct(zero_kv.shape, jnp.float32))
+    da16 = d_attention.reshape(rows * heads, d).astype(jnp.bfloat16)
+    delta = delta.reshape(rows * heads)
+    lse = lse.reshape(rows * heads).astype(jnp.float32)
     dq, dkv = pl.pallas_call(
         kernel,
         out_shape=acc_shapes,
@@ -309,11 +446,48 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         out_specs=(pl.no_block_spec,) * 2,
         # The accumulators start as zeros and are updated in place.
         input_output_aliases={9: 0, 10: 1},
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
+        compiler_params=plgpu.CompilerParams(num_warps=(not inverted and num_warps) or DEFAULT_WARPS,
+                                             num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
-    )(q.reshape(-1, d), k_rows, v_rows, entries, acc, d_attention.reshape(rows * heads, d).astype(jnp.bfloat16),
-      delta.reshape(rows * heads), lse.reshape(rows * heads).astype(jnp.float32), end,
+    )(q.reshape(-1, d), k_rows, v_rows, entries, acc, da16, delta, lse, end,
       jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
+    if inverted:
+        dkv = _inverted_dkv(p, q, k_rows, v_rows, acc, compaction, acc_rows, da16, delta, lse,
+                            kv_arrays[0].dtype, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES,
+                            num_warps, interpreted)
     return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv, compaction),
             d_gate)
+
+
+def _check_inverted_launch(kv, block_rows: int, lanes: int, interpreted: bool):
+    """The inverted kernel's launch knobs, checked before anything is traced or launched:
+    blocks never straddle a page, and Triton's dots take power-of-two sides >= 16 (the
+    interpreter takes any size: the CPU tests use small pages)."""
+    if kv.page_size % block_rows:
+        raise ValueError(f"order='inverted' needs block_n dividing the page size {kv.page_size}; "
+                         f"got block_n={block_rows}")
+    for name, value in (("block_n", block_rows), ("lanes", lanes)):
+        if value < 1 or (not interpreted and (value < 16 or value & (value - 1))):
+            raise ValueError(f"order='inverted' needs {name} a power of two >= 16 on the GPU; got {value}")
+
+
+def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction, acc_rows: int, da16,
+                  delta, lse, dtype, block_rows: int, lanes: int, num_warps: int | None, interpreted: bool):
+    """dK|dV [acc_rows, 2D] in ``dtype`` from ``_inverted_kernel`` (every row written once)."""
+    kv, d = p.kv, p.head_dim
+    num_slots = acc_rows // kv.num_kv_heads
+    starts, ref_rows, counts = inverted_index(p, acc, num_slots, block_rows)
+    pages = compaction[0] if compaction is not None else jnp.zeros((1,), jnp.int32)
+    kernel = functools.partial(_inverted_kernel, p=p, block_rows=block_rows, lanes=lanes,
+                               compact=compaction is not None, interpreted=interpreted)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((acc_rows, 2 * d), dtype),
+        grid=(num_slots // block_rows, kv.num_kv_heads),
+        in_specs=[pl.no_block_spec] * 10,
+        out_specs=pl.no_block_spec,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
+        interpret=interpreted,
+        name="qsa_sparse_attention_backward_inverted",
+    )(q.reshape(-1, d), k_rows, v_rows, pages, starts, ref_rows, counts, da16, delta, lse)
