@@ -55,7 +55,7 @@ def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
 
 def _write_back(result, dest: torch.Tensor, what: str) -> torch.Tensor:
     """Order torch after JAX's write into ``dest``; copy if it did not land in place."""
-    alias = I.to_torch(result)  # stream handshake: torch's current stream waits for JAX
+    alias = I.to_torch(result, dest)  # stream handshake: torch's current stream waits for JAX
     if alias.data_ptr() != dest.data_ptr():
         # JAX's CPU backend ignores donation (measured, jax 0.11.2): copy back, and say so
         # once per process there; on a GPU it would be a bug worth hearing about each time.
@@ -104,7 +104,7 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
         return _exported(ffi, result, _write_back, result, out, "out")
     fence = None if ffi else I.stream_fence(q.device)
     result, _ = _dispatch(ffi, q.device, J.sparse_new, fence, *args, **static)
-    result = _exported(ffi, result, I.to_torch, result)
+    result = _exported(ffi, result, I.to_torch, result, q)
     if out is None:
         return result
     I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
@@ -132,7 +132,7 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
     if in_place:
         _exported(ffi, result, _write_back, result, cache, "cache")
     else:
-        cache.copy_(_exported(ffi, result, I.to_torch, result))
+        cache.copy_(_exported(ffi, result, I.to_torch, result, cache))
 
 
 
@@ -196,6 +196,6 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
         lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
         words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
         implementation=implementation, ffi_fence=ffi)
-    return _exported(ffi, (pooled, first), lambda: (I.to_torch(pooled),
-                                                   I.words_to_int64_tensor(first)))
+    return _exported(ffi, (pooled, first), lambda: (I.to_torch(pooled, raw_keys),
+                                                   I.words_to_int64_tensor(first, raw_keys)))
 
