@@ -7,6 +7,8 @@ functions are also the bodies of the torch custom ops (``_torch_ops``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from qsa_torch_shim import _ffi_fence as F
@@ -71,6 +73,77 @@ def _write_back(result, dest: torch.Tensor, what: str) -> torch.Tensor:
 _CPU_COPY_WARNED = False
 
 
+# ``out=`` of at most this many bytes is written by the plain call (the route without
+# ``out``) and a torch copy on the caller's stream; larger ones by donating ``out`` to
+# the call (XLA writes the result into its memory). Donation costs host time on every
+# call (measured on the H200, TP1 1 row: donated call 98.6 µs against 80.0 µs for the
+# plain call with its fence import), a copy costs a torch launch and a device copy of
+# the output (~1 µs per MiB at HBM speed). 1 MiB: TP1 up to 85 rows (12 KiB per row).
+# Set with ``qsa_torch_shim.set_out_copy_max_bytes`` or QSA_SHIM_OUT_COPY_MAX_BYTES.
+OUT_COPY_MAX_BYTES = [int(os.environ.get("QSA_SHIM_OUT_COPY_MAX_BYTES", 1 << 20))]
+
+
+class OutRoutes:
+    """How many ``out=`` calls took each route (the tests assert which one ran)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.copied = self.donated = self.signalled = 0
+
+
+OUT_ROUTES = OutRoutes()
+
+
+def sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                  output_gate, scales):
+    """The JAX arguments of the sparse call after ``out``/the fence, all cached imports
+    (the same tensor objects recur each step): q, kv, the metadata, the gate, the scales."""
+    return (I.import_query(q), _kv_arrays(k_cache, v_cache),
+            I.import_arg(logical_indices, "logical_indices", large=False),
+            I.import_arg(block_table, "block_table", large=False),
+            I.import_arg(token_to_req, "token_to_req", large=False),
+            I.import_arg(output_gate.view_as(q), "output_gate"),
+            None if scales is None else J.scale_arrays(scales, q))
+
+
+def sparse_run(args, q, use_prefill_config, out, implementation=None):
+    """The sparse call on ``sparse_inputs``' arguments. The stream order comes from one
+    fresh import per call (the donated ``out``, or the fence: see
+    ``_interop.PersistentImports``), or from the FFI wait inside the jitted call."""
+    device = q.device
+    ffi = F.active(device)
+    static = dict(use_prefill_config=bool(use_prefill_config), implementation=implementation,
+                  table=J.TILING_TABLE[0], ffi_fence=ffi)
+    if out is not None and I.is_importable(out):
+        signal = F.signals(device)
+        # The FFI signal replaces the export only for a donated ``out``: keep that route.
+        if signal or out.nbytes > OUT_COPY_MAX_BYTES[0]:
+            OUT_ROUTES.donated += 1
+            dest = I.to_jax(out, ordered=not ffi)
+            result, _ = _dispatch(ffi, device, J.sparse_into, dest, *args, ffi_signal=signal,
+                                  **static)
+            if _landed(signal, result, out):
+                OUT_ROUTES.signalled += 1
+                return out
+            return _exported(ffi, result, _write_back, result, out, "out")
+        OUT_ROUTES.copied += 1
+        copy_in = True
+    else:
+        copy_in = False
+    fence = None if ffi else I.stream_fence(device)
+    result, _ = _dispatch(ffi, device, J.sparse_new, fence, *args, **static)
+    result = _exported(ffi, result, I.to_torch, result, q)
+    if out is None:
+        return result
+    if not copy_in:
+        I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
+    # On torch's current stream, which the export made wait for JAX's write.
+    out.copy_(result)
+    return out
+
+
 def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                                 use_prefill_config, out, output_gate, implementation=None,
                                 scales=None):
@@ -79,37 +152,9 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     gate = output_gate.view_as(q)
     if not q.shape[0]:
         return torch.empty_like(q) if out is None else out
-    kv = _kv_arrays(k_cache, v_cache)
-    # Every input is a cached import (the same tensor objects recur each step);
-    # the stream order comes from one fresh import per call: the donated ``out``,
-    # or the fence (see ``_interop.PersistentImports``); or from the FFI wait inside
-    # the jitted call (``_ffi_fence``).
-    args = (I.import_query(q), kv,
-            I.import_arg(logical_indices, "logical_indices", large=False),
-            I.import_arg(block_table, "block_table", large=False),
-            I.import_arg(token_to_req, "token_to_req", large=False),
-            I.import_arg(gate, "output_gate"),
-            None if scales is None else J.scale_arrays(scales, q))
-    flag = bool(use_prefill_config)
-    ffi = F.active(q.device)
-    static = dict(use_prefill_config=flag, implementation=implementation,
-                  table=J.TILING_TABLE[0], ffi_fence=ffi)
-    if out is not None and I.is_importable(out):
-        dest = I.to_jax(out, ordered=not ffi)
-        signal = F.signals(q.device)
-        result, _ = _dispatch(ffi, q.device, J.sparse_into, dest, *args, ffi_signal=signal,
-                              **static)
-        if _landed(signal, result, out):
-            return out
-        return _exported(ffi, result, _write_back, result, out, "out")
-    fence = None if ffi else I.stream_fence(q.device)
-    result, _ = _dispatch(ffi, q.device, J.sparse_new, fence, *args, **static)
-    result = _exported(ffi, result, I.to_torch, result, q)
-    if out is None:
-        return result
-    I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
-    out.copy_(result)
-    return out
+    args = sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
+                         scales)
+    return sparse_run(args, q, use_prefill_config, out, implementation)
 
 
 def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> None:

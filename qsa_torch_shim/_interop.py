@@ -234,9 +234,15 @@ class PersistentImports:
 PERSISTENT = PersistentImports()
 
 
+# Caches holding imports made here (``_call_cache``), cleared with this one.
+DEPENDENT_CACHES: list = []
+
+
 def clear_import_cache() -> None:
     """Forget every cached import (releases the storage references they hold)."""
     PERSISTENT.clear()
+    for cache in DEPENDENT_CACHES:
+        cache.clear()
 
 
 def import_arg(t: torch.Tensor, name: str, *, large: bool = True) -> jax.Array:
