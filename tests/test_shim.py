@@ -673,7 +673,8 @@ def test_gpu_strided_q_matches_original_without_copy(orig, gpu_pool, rows, monke
 
 
 @pytest.mark.gpu
-def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fence):
+@pytest.mark.parametrize("out_route", ["donate", "copy"], indirect=True)
+def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fence, out_route):
     g, kv = gpu_pool
     a, gate = _gpu_case(g, 64, 11, kv)
     imported = _record_imports(monkeypatch)
@@ -691,6 +692,7 @@ def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fenc
     assert got is out and out.data_ptr() == ptr and cache.data_ptr() == cptr
     assert imported[kv.data_ptr()] == tuple(kv.shape)
     _assert_fence_ran(fence, 2, signalled=2)
+    _assert_out_route(out_route, fence, 1)
     page, tok = slots // 16, slots % 16
     assert torch.equal(cache[page, tok, 0], rows)
 
@@ -783,23 +785,54 @@ def _assert_fence_ran(fence, calls, signalled=0):
     assert F.pending() == 0
 
 
+@pytest.fixture
+def out_route(request):
+    """``out=``'s route for this test: "donate" (limit -1), "copy" (every size), or the
+    default limit (None); restored afterwards."""
+    from qsa_torch_shim import _eager as E
+
+    previous = E.OUT_COPY_MAX_BYTES[0]
+    route = getattr(request, "param", None)
+    if route is not None:
+        S.set_out_copy_max_bytes(-1 if route == "donate" else 1 << 40)
+    E.OUT_ROUTES.reset()
+    yield route
+    E.OUT_COPY_MAX_BYTES[0] = previous
+
+
+def _assert_out_route(route, fence, calls):
+    """``calls`` calls with ``out=`` took ``route`` (the FFI signal keeps the donation)."""
+    from qsa_torch_shim import _eager as E
+
+    if route == "copy" and fence != "ffi-signal":
+        assert E.OUT_ROUTES.copied >= calls and E.OUT_ROUTES.donated == 0, vars(E.OUT_ROUTES)
+    elif route is not None:
+        assert E.OUT_ROUTES.donated >= calls and E.OUT_ROUTES.copied == 0, vars(E.OUT_ROUTES)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("with_out", [True, False], ids=["out", "new"])
-def test_gpu_stream_race(gpu_pool, with_out, fence):
+@pytest.mark.parametrize("with_out,out_route", [(True, "donate"), (True, "copy"), (False, None)],
+                         ids=["out", "out-copy", "new"], indirect=["out_route"])
+def test_gpu_stream_race(gpu_pool, with_out, out_route, fence):
     """q and the counts are the same tensor objects every iteration, so their imports are
     cached: only the per-call fence (the donated ``out``, or ``stream_fence`` without
-    ``out``; or the FFI wait) orders JAX's reads after torch's writes."""
+    ``out`` and on the copy route; or the FFI wait) orders JAX's reads after torch's
+    writes; on the copy route, the export orders torch's copy into ``out`` after JAX."""
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
     bad = _race_iterations(g, kv, with_out)
     assert not bad, f"stream race ({fence} fence): iterations {bad} read stale or unwritten data"
-    _assert_fence_ran(fence, 40, signalled=40 if with_out else 0)
+    _assert_fence_ran(fence, 40, signalled=40 if with_out else 0)  # checked in "ffi-signal" only
+    _assert_out_route(out_route, fence, 40)
 
 
 @pytest.mark.gpu
-def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
-    """Negative control: with the fence removed, the race test must see stale reads."""
+@pytest.mark.parametrize("with_out,out_route", [(False, None), (True, "copy")],
+                         ids=["new", "out-copy"], indirect=["out_route"])
+def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch, with_out, out_route):
+    """Negative control: with the fence removed, the race test must see stale reads (also
+    on the copy route for ``out=``, whose fence is the same one)."""
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
@@ -807,7 +840,7 @@ def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
 
     monkeypatch.setattr(F, "_MODE", ["import"])  # this control removes the import fence
     monkeypatch.setattr(I, "stream_fence", lambda device: None)
-    bad = _race_iterations(g, kv, with_out=False)
+    bad = _race_iterations(g, kv, with_out=with_out)
     I.clear_import_cache()
     assert bad, "no stale read without the fence: the race test cannot detect a missing wait"
 
