@@ -1,11 +1,17 @@
 """Where the shim's eager host time goes (GPU): component timings and a cProfile.
 
     python3 tools/profile_shim.py [--rows 1] [--tp TP1]
+    python3 tools/profile_shim.py --grid 1,8,64,512,2048 [--tp TP1]
 
 Prints the eager latency of the original (when loadable) and of the shim with each
 per-call stream fence (the fence import, and the FFI wait: notes/shim.md, Session 6),
 the host time of each step of a shim call measured alone, and the top of a cProfile
 of repeated shim calls (sorted by own time).
+
+``--grid``: for each row count, the originals' eager call (call + sync) against the
+shim's, with ``out=`` on the default route and on each forced route (copy: plain call +
+torch copy; donate: ``out`` donated to the call; notes/shim.md, Session 7), and without
+``out``; the ratio shim / original for each, and the worst over the grid.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from qsa_torch_shim import ops as O  # noqa: E402
 
 
 def per_call_us(fn, n=300, sync=False):
+    """Median over 5 runs of ``n`` calls (after 20 warm-up calls) of µs per call."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
@@ -47,25 +54,83 @@ def per_call_us(fn, n=300, sync=False):
     return statistics.median(samples)
 
 
+def _inputs(g, rows, kv=None, nb=512, w=2051, dev="cuda"):
+    """The call's tensors at ``rows`` (one request; ``w`` selected tokens per row) over a
+    ``[nb, Hk, P, 2D]`` bf16 pool (made when ``kv`` is None)."""
+    d, hk, p, h = g.head_dim, g.num_kv_heads, g.page_size, g.num_query_heads
+    if kv is None:
+        kv = torch.randn((nb, hk, p, 2 * d), device=dev).to(torch.bfloat16)
+    k, v = kv.transpose(1, 2).split(d, -1)
+    q = torch.randn((rows, h, d), device=dev).to(torch.bfloat16)
+    li = torch.randint(0, nb * p, (rows, w + 1), device=dev, dtype=torch.int32)
+    li[:, -1] = w
+    bt = torch.randperm(nb, device=dev, dtype=torch.int32)[None, :].contiguous()
+    t2r = torch.zeros((rows,), device=dev, dtype=torch.int32)
+    return kv, (q, k, v, li, bt, t2r, False, torch.empty_like(q)), torch.randn_like(q)
+
+
+ROUTES = (("default", None), ("copy", 1 << 40), ("donate", -1))
+
+
+def grid(tp: str, row_counts: list[int]) -> None:
+    """Eager (call + sync) of the originals against the shim's routes, per row count."""
+    from qsa_torch_shim import _eager as E
+
+    g = arg_specs.GEOMETRIES[tp]
+    try:
+        from qsa_testing import originals
+
+        orig = originals.load()
+    except Exception as exc:  # noqa: BLE001
+        print("original not loadable:", exc)
+        orig = None
+    kv = None
+    default_limit = E.OUT_COPY_MAX_BYTES[0]
+    cols = ["original"] + [f"shim out= {name}" for name, _ in ROUTES] + ["shim no out"]
+    print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); ratio = shim / original; "
+          f"default out= route: copy up to {default_limit} bytes, else donate")
+    print("| rows | out bytes | " + " | ".join(cols) + " | " +
+          " | ".join(f"x {c[5:]}" for c in cols[1:]) + " |")
+    print("|" + "---|" * (2 + 2 * len(cols) - 1))
+    worst: dict[str, float] = {}
+    for rows in row_counts:
+        kv, args, gate = _inputs(g, rows, kv)
+        n = 300 if rows <= 64 else 40
+        found = {}
+        if orig is not None:
+            found["original"] = per_call_us(
+                lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate), n=n, sync=True)
+        for name, limit in ROUTES:
+            E.OUT_COPY_MAX_BYTES[0] = default_limit if limit is None else limit
+            found[f"shim out= {name}"] = per_call_us(
+                lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate), n=n, sync=True)
+        E.OUT_COPY_MAX_BYTES[0] = default_limit
+        found["shim no out"] = per_call_us(
+            lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate), n=n, sync=True)
+        base = found.get("original")
+        ratios = []
+        for c in cols[1:]:
+            r = found[c] / base if base else float("nan")
+            ratios.append(f"{r:.2f}")
+            worst[c] = max(worst.get(c, 0.0), r) if base else float("nan")
+        print(f"| {rows} | {args[7].nbytes} | " + " | ".join(
+            f"{found[c]:.1f}" if c in found else "-" for c in cols) + " | " + " | ".join(ratios) + " |")
+    print("worst ratio over the grid: " + ", ".join(f"{c[5:]} {r:.2f}x" for c, r in worst.items()))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--tp", default="TP1")
+    ap.add_argument("--grid", default=None, help="comma-separated row counts: the grid table only")
     a = ap.parse_args()
+    if a.grid:
+        grid(a.tp, [int(r) for r in a.grid.split(",")])
+        return
     g = arg_specs.GEOMETRIES[a.tp]
-    nb, d, hk, p, h = 512, g.head_dim, g.num_kv_heads, g.page_size, g.num_query_heads
-    w = 2051
-    dev = "cuda"
-    kv = torch.randn((nb, hk, p, 2 * d), device=dev).to(torch.bfloat16)
-    k, v = kv.transpose(1, 2).split(d, -1)
-    q = torch.randn((a.rows, h, d), device=dev).to(torch.bfloat16)
-    gate = torch.randn_like(q)
-    out = torch.empty_like(q)
-    li = torch.randint(0, nb * p, (a.rows, w + 1), device=dev, dtype=torch.int32)
-    li[:, -1] = w
-    bt = torch.randperm(nb, device=dev, dtype=torch.int32)[None, :].contiguous()
-    t2r = torch.zeros((a.rows,), device=dev, dtype=torch.int32)
-    args = (q, k, v, li, bt, t2r, False, out)
+    kv, args, gate = _inputs(g, a.rows)
+    q, k, v, li, bt, t2r, _, out = args
+    d, hk, h, dev = g.head_dim, g.num_kv_heads, g.num_query_heads, q.device
     shim = lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate)  # noqa: E731
     rows = []
     try:
@@ -115,7 +180,15 @@ def main():
                              implementation=None))))
     rows.append(("  donated call (out import + dispatch)", per_call_us(
         lambda: J.sparse_into(I.to_jax(out), *jargs, use_prefill_config=False, implementation=None))))
-    rows.append(("  to_torch(result)", per_call_us(lambda: I.to_torch(res[0]))))
+    rows.append(("  to_torch(result) (public torch.from_dlpack)", per_call_us(lambda: I.to_torch(res[0]))))
+    rows.append(("  to_torch(result, q) (fast export, session 7)", per_call_us(lambda: I.to_torch(res[0], q))))
+    from qsa_torch_shim import _call_cache as CC
+
+    key_args = (q, k, v, li, bt, t2r, out, gate, None, None, "0.34")
+    tensors = (q, k, v, li, bt, t2r, gate)
+    rows.append(("  call cache: key + lookup (replaces checks + imports)", per_call_us(
+        lambda: CC.SPARSE_CALLS.get(CC.sparse_key(*key_args), tensors))))
+    rows.append(("  out.copy_(result) (copy route)", per_call_us(lambda: out.copy_(gate))))
     S.set_stream_fence("ffi")
     if F.active(q.device):
         def ffi_call():
