@@ -7,13 +7,16 @@ functions are also the bodies of the torch custom ops (``_torch_ops``).
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 
 import torch
 
 from qsa_torch_shim import _ffi_fence as F
 from qsa_torch_shim import _interop as I
 from qsa_torch_shim import _jax_side as J
+from qsa_torch_shim import _private_api as P
 
 
 def _dispatch(ffi: bool, device: torch.device, call, *args, **kwargs):
@@ -96,6 +99,44 @@ class OutRoutes:
 OUT_ROUTES = OutRoutes()
 
 
+class CopySources:
+    """Results of the copy route, kept alive until torch's copy out of them has run.
+
+    A result is JAX's memory, exported to torch. Dropping it returns the memory to
+    JAX's allocator, which orders its reuse only after JAX's own streams: a later JAX
+    computation (from another torch stream, or not from the shim at all) could write
+    there while torch's copy, queued on the caller's stream, still reads it. So each
+    result is held with an event recorded after the copy on that stream, and released
+    once the event has completed (polled on later copies; at most ``limit`` held, the
+    oldest waited for beyond that). CPU copies are done when ``copy_`` returns.
+    """
+
+    def __init__(self, limit: int = 64):
+        self.limit = limit
+        self._held: collections.deque = collections.deque()
+        self._spare: list = []
+        self._lock = threading.Lock()
+
+    def hold(self, source: torch.Tensor) -> None:
+        if not source.is_cuda:
+            return
+        with self._lock:
+            event = self._spare.pop() if self._spare else torch.cuda.Event()
+            event.record(P.current_stream(source.get_device()))
+            held = self._held
+            held.append((event, source))
+            while held and (len(held) > self.limit or held[0][0].query()):
+                done, _ = held.popleft()
+                done.synchronize()  # at once unless over the limit
+                self._spare.append(done)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+COPY_SOURCES = CopySources()
+
+
 def sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                   output_gate, scales):
     """The JAX arguments of the sparse call after ``out``/the fence, all cached imports
@@ -141,6 +182,7 @@ def sparse_run(args, q, use_prefill_config, out, implementation=None):
         I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
     # On torch's current stream, which the export made wait for JAX's write.
     out.copy_(result)
+    COPY_SOURCES.hold(result)
     return out
 
 

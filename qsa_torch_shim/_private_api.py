@@ -111,17 +111,24 @@ class _StreamHandshake(threading.local):
         self.external: dict[int, torch.cuda.ExternalStream] = {}
         self.streams: dict[tuple[int, int], torch.cuda.Stream] = {}
 
-    def order_after_torch(self, t: torch.Tensor, jax_stream: int) -> None:
-        index = t.get_device()
-        raw = torch._C._cuda_getCurrentRawStream(index)
-        if raw == jax_stream:
-            return
+    def current_stream(self, index: int, raw: int | None = None) -> torch.cuda.Stream:
+        """torch's current stream on device ``index`` (its handle ``raw`` if known), cached."""
+        if raw is None:
+            raw = torch._C._cuda_getCurrentRawStream(index)
         current = self.streams.get((index, raw))
         if current is None:
             current = torch.cuda.current_stream(index)
             if len(self.streams) > 64:
                 self.streams.clear()
             self.streams[(index, raw)] = current
+        return current
+
+    def order_after_torch(self, t: torch.Tensor, jax_stream: int) -> None:
+        index = t.get_device()
+        raw = torch._C._cuda_getCurrentRawStream(index)
+        if raw == jax_stream:
+            return
+        current = self.current_stream(index, raw)
         event = self.events.get(index)
         if event is None:
             event = self.events[index] = torch.cuda.Event()
@@ -205,6 +212,14 @@ def to_torch(a: jax.Array, cuda_index: int | None) -> torch.Tensor:
         return torch.from_dlpack(a)
     PATHS.export_fast += 1
     return tensor
+
+
+def current_stream(index: int) -> torch.cuda.Stream:
+    """torch's current CUDA stream object on device ``index`` (cached per stream handle)."""
+    try:
+        return _HANDSHAKE.current_stream(index)
+    except _API_ERRORS:  # another torch: the public (slower) route
+        return torch.cuda.current_stream(index)
 
 
 def current_raw_stream(index: int) -> int:

@@ -123,3 +123,64 @@ def test_call_cache_misses_what_the_checks_or_imports_depend_on(case):
     assert len(_call_cache.SPARSE_CALLS) == 1
     I.clear_import_cache()
     assert len(_call_cache.SPARSE_CALLS) == 0
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: complete once ``done`` is set (or after ``synchronize``)."""
+
+    def __init__(self):
+        self.done = False
+        self.waited = 0
+
+    def record(self, stream):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.waited += 1
+        self.done = True
+
+
+class _FakeCudaResult:
+    is_cuda = True
+
+    def get_device(self):
+        return 0
+
+
+def test_copy_sources_live_until_the_copy_ran(monkeypatch):
+    """A copy route's result (JAX memory) is held until the event after torch's copy has
+    completed, and never more than ``limit`` of them (the oldest is waited for)."""
+    events = []
+
+    def new_event():
+        events.append(_FakeEvent())
+        return events[-1]
+
+    monkeypatch.setattr(torch.cuda, "Event", new_event)
+    monkeypatch.setattr(_eager.P, "current_stream", lambda index: "stream")
+    held = _eager.CopySources(limit=2)
+    a, b, c = _FakeCudaResult(), _FakeCudaResult(), _FakeCudaResult()
+    held.hold(a)
+    held.hold(b)
+    assert len(held) == 2 and not any(e.waited for e in events)  # copies still "running"
+    held.hold(c)  # over the limit: the oldest is waited for, then released
+    assert len(held) == 2 and events[0].waited == 1
+    events[1].done = events[2].done = True
+    held.hold(a)  # completed ones are released (their events reused)
+    assert len(held) == 1 and len(events) == 3
+    held.hold(torch.zeros(1))  # CPU: the copy has finished when copy_ returns
+    assert len(held) == 1
+
+
+def test_copy_route_holds_its_source(case, monkeypatch):
+    args, gate = case
+    S.set_out_copy_max_bytes(1 << 20)
+    seen = []
+    monkeypatch.setattr(_eager.COPY_SOURCES, "hold", seen.append)
+    out = _poisoned_out(args[0])
+    S.qsa_sparse_paged_attention(*args, out, output_gate=gate)
+    assert len(seen) == 1 and torch.equal(_bits(seen[0]), _bits(out))
+    assert seen[0].data_ptr() != out.data_ptr()

@@ -189,6 +189,10 @@ def main():
     rows.append(("  call cache: key + lookup (replaces checks + imports)", per_call_us(
         lambda: CC.SPARSE_CALLS.get(CC.sparse_key(*key_args), tensors))))
     rows.append(("  out.copy_(result) (copy route)", per_call_us(lambda: out.copy_(gate))))
+    from qsa_torch_shim import _eager as E
+
+    rows.append(("  out.copy_ + COPY_SOURCES.hold (copy route's tail)", per_call_us(
+        lambda: E.COPY_SOURCES.hold(out.copy_(gate)))))
     S.set_stream_fence("ffi")
     if F.active(q.device):
         def ffi_call():
