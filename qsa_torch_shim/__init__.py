@@ -14,8 +14,8 @@ Importing it turns off JAX's GPU memory preallocation unless the user chose an
 allocator policy (``XLA_PYTHON_CLIENT_*``), so torch keeps its memory.
 ``install()`` swaps it in under the originals' module name, with the installed
 vLLM's surface. See notes/shim.md. Layout: ``ops`` (public functions), ``_checks``
-(the originals' checks), ``_eager`` (conversion, streams, in-place writes),
-``_jax_side`` (the jitted calls), ``_interop`` (DLPack rules), ``_private_api``
+(the originals' checks), ``_call_cache`` (one lookup per repeated call), ``_eager``
+(conversion, streams, in-place writes), ``_jax_side`` (the jitted calls), ``_interop`` (DLPack rules), ``_private_api``
 (every private JAX/torch call), ``_torch_ops`` (torch.compile), ``_warmup``.
 
 JAX's kernels cannot be captured in a torch CUDA graph: run these ops eagerly
