@@ -212,7 +212,12 @@ class PersistentImports:
             self.hits += 1
             return entry[1]
         self.misses += 1
-        array = to_jax(make())
+        # Without the stream handshake (8.5 µs against 20.5 µs per import on the H200):
+        # a cached array's definition event orders nothing on later calls anyway, and on
+        # this call the fresh fence import (or the FFI wait) that every shim call makes
+        # after its argument imports covers the writes torch queued before the call.
+        # ``make()`` only builds an alias: it queues no torch work the fence could miss.
+        array = to_jax(make(), ordered=False)
 
         def _drop(_ref, key=key, entries=self._entries):
             entries.pop(key, None)

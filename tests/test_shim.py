@@ -718,9 +718,11 @@ def test_gpu_store_and_compress_match_original(orig):
         assert torch.equal(want[1], got[1]), case.name
 
 
-def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
+def _race_iterations(g, kv, with_out: bool, n: int = 40, fresh_q: bool = False) -> list[int]:
     """Iterations whose output differs from the expected one when torch writes q and the
-    counts on a side stream right before each call and reads the output right after."""
+    counts on a side stream right before each call and reads the output right after.
+    ``fresh_q``: q is a new tensor each iteration, so its import is never a cache hit
+    (made without a handshake: the call's fence must order it)."""
     a, gate = _gpu_case(g, 2048, 3, kv)
     counts = a["logical_indices"][:, -1].clone()
     q_sets = [a["q"].clone(), (-a["q"]).clone()]
@@ -739,10 +741,12 @@ def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
     out = torch.empty_like(a["q"])
     results = torch.empty((n,) + tuple(out.shape), dtype=out.dtype, device="cuda")
     I.clear_import_cache()
-    I.PERSISTENT.hits = SPARSE_CALLS.hits = 0
+    I.PERSISTENT.hits = I.PERSISTENT.misses = SPARSE_CALLS.hits = 0
     with torch.cuda.stream(side):
         for it in range(n):
             torch.cuda._sleep(2_000_000)  # delay torch's writes: a JAX read that does not wait sees stale inputs
+            if fresh_q:
+                q = torch.empty_like(q_sets[0])
             q.copy_(q_sets[it % 2])
             li[:, -1].copy_(count_sets[it % 2])
             args = {**a, "q": q, "logical_indices": li}
@@ -754,7 +758,10 @@ def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
             results[it].copy_(got)  # immediately after: must wait for JAX's write
             got.fill_(float("nan"))
     torch.cuda.synchronize()
-    assert I.PERSISTENT.hits + SPARSE_CALLS.hits >= n, "the cached imports were not exercised"
+    if fresh_q:
+        assert I.PERSISTENT.misses >= n, "q was not imported afresh each call"
+    else:
+        assert I.PERSISTENT.hits + SPARSE_CALLS.hits >= n, "the cached imports were not exercised"
     return [it for it in range(n) if not torch.equal(results[it], expected[it % 2])]
 
 
@@ -811,9 +818,10 @@ def _assert_out_route(route, fence, calls):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("with_out,out_route", [(True, "donate"), (True, "copy"), (False, None)],
-                         ids=["out", "out-copy", "new"], indirect=["out_route"])
-def test_gpu_stream_race(gpu_pool, with_out, out_route, fence):
+@pytest.mark.parametrize("with_out,out_route,fresh_q", [
+    (True, "donate", False), (True, "copy", False), (False, None, False), (True, None, True)],
+    ids=["out", "out-copy", "new", "out-fresh-q"], indirect=["out_route"])
+def test_gpu_stream_race(gpu_pool, with_out, out_route, fresh_q, fence):
     """q and the counts are the same tensor objects every iteration, so their imports are
     cached: only the per-call fence (the donated ``out``, or ``stream_fence`` without
     ``out`` and on the copy route; or the FFI wait) orders JAX's reads after torch's
@@ -821,18 +829,21 @@ def test_gpu_stream_race(gpu_pool, with_out, out_route, fence):
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
-    bad = _race_iterations(g, kv, with_out)
+    bad = _race_iterations(g, kv, with_out, fresh_q=fresh_q)
     assert not bad, f"stream race ({fence} fence): iterations {bad} read stale or unwritten data"
     _assert_fence_ran(fence, 40, signalled=40 if with_out else 0)  # checked in "ffi-signal" only
     _assert_out_route(out_route, fence, 40)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("with_out,out_route", [(False, None), (True, "copy")],
-                         ids=["new", "out-copy"], indirect=["out_route"])
-def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch, with_out, out_route):
+@pytest.mark.parametrize("with_out,out_route,fresh_q", [
+    (False, None, False), (True, "copy", False), (False, None, True)],
+    ids=["new", "out-copy", "new-fresh-q"], indirect=["out_route"])
+def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch, with_out, out_route,
+                                                     fresh_q):
     """Negative control: with the fence removed, the race test must see stale reads (also
-    on the copy route for ``out=``, whose fence is the same one)."""
+    on the copy route for ``out=``, whose fence is the same one, and with q imported
+    afresh each call, which takes no handshake of its own)."""
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
@@ -840,7 +851,7 @@ def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch, wit
 
     monkeypatch.setattr(F, "_MODE", ["import"])  # this control removes the import fence
     monkeypatch.setattr(I, "stream_fence", lambda device: None)
-    bad = _race_iterations(g, kv, with_out=with_out)
+    bad = _race_iterations(g, kv, with_out=with_out, fresh_q=fresh_q)
     I.clear_import_cache()
     assert bad, "no stale read without the fence: the race test cannot detect a missing wait"
 

@@ -72,6 +72,13 @@ def _inputs(g, rows, kv=None, nb=512, w=2051, dev="cuda"):
 ROUTES = (("default", None), ("copy", 1 << 40), ("donate", -1))
 
 
+def _new_root(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor object (its own root) on ``t``'s memory: what a fresh activation is
+    to the shim's caches, without an allocation or a copy in the timed loop."""
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
 def grid(tp: str, row_counts: list[int]) -> None:
     """Eager (call + sync) of the originals against the shim's routes, per row count."""
     from qsa_torch_shim import _eager as E
@@ -86,35 +93,49 @@ def grid(tp: str, row_counts: list[int]) -> None:
         orig = None
     kv = None
     default_limit = E.OUT_COPY_MAX_BYTES[0]
-    cols = ["original"] + [f"shim out= {name}" for name, _ in ROUTES] + ["shim no out"]
-    print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); ratio = shim / original; "
-          f"default out= route: copy up to {default_limit} bytes, else donate")
-    print("| rows | out bytes | " + " | ".join(cols) + " | " +
-          " | ".join(f"x {c[5:]}" for c in cols[1:]) + " |")
-    print("|" + "---|" * (2 + 2 * len(cols) - 1))
+    # (column, the column it is compared with)
+    cols = [("original", None)] + [(f"shim out= {name}", "original") for name, _ in ROUTES] + [
+        ("shim no out", "original"), ("original new q+gate", None),
+        ("shim out= default new q+gate", "original new q+gate")]
+    print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); x = shim / original; "
+          f"default out= route: copy up to {default_limit} bytes, else donate; 'new q+gate': "
+          "q and the gate are new tensor objects each call (vLLM's activations), both sides")
+    ratios_of = [c for c, base in cols if base]
+    print("| rows | out bytes | " + " | ".join(c for c, _ in cols) + " | " +
+          " | ".join(f"x {c[5:]}" for c in ratios_of) + " |")
+    print("|" + "---|" * (2 + len(cols) + len(ratios_of)))
     worst: dict[str, float] = {}
     for rows in row_counts:
         kv, args, gate = _inputs(g, rows, kv)
+        q, rest = args[0], args[1:]
         n = 300 if rows <= 64 else 40
+        calls = {
+            "original": lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate),
+            "shim no out": lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate),
+            "original new q+gate": lambda: orig.qsa_sparse_paged_attention(
+                _new_root(q), *rest, output_gate=_new_root(gate)),
+            "shim out= default new q+gate": lambda: S.qsa_sparse_paged_attention(
+                _new_root(q), *rest, output_gate=_new_root(gate)),
+        }
         found = {}
-        if orig is not None:
-            found["original"] = per_call_us(
-                lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate), n=n, sync=True)
-        for name, limit in ROUTES:
-            E.OUT_COPY_MAX_BYTES[0] = default_limit if limit is None else limit
-            found[f"shim out= {name}"] = per_call_us(
-                lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate), n=n, sync=True)
+        for c, _ in cols:
+            if c.startswith("original") and orig is None:
+                continue
+            route = dict(ROUTES).get(c[len("shim out= "):]) if c.startswith("shim out= ") else None
+            E.OUT_COPY_MAX_BYTES[0] = default_limit if route is None else route
+            fn = calls.get(c, lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate))
+            found[c] = per_call_us(fn, n=n, sync=True)
         E.OUT_COPY_MAX_BYTES[0] = default_limit
-        found["shim no out"] = per_call_us(
-            lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate), n=n, sync=True)
-        base = found.get("original")
         ratios = []
-        for c in cols[1:]:
-            r = found[c] / base if base else float("nan")
+        for c, base in cols:
+            if base is None:
+                continue
+            r = found[c] / found[base] if base in found else float("nan")
             ratios.append(f"{r:.2f}")
-            worst[c] = max(worst.get(c, 0.0), r) if base else float("nan")
+            if r == r:  # not NaN (no original)
+                worst[c] = max(worst.get(c, 0.0), r)
         print(f"| {rows} | {args[7].nbytes} | " + " | ".join(
-            f"{found[c]:.1f}" if c in found else "-" for c in cols) + " | " + " | ".join(ratios) + " |")
+            f"{found[c]:.1f}" if c in found else "-" for c, _ in cols) + " | " + " | ".join(ratios) + " |")
     print("worst ratio over the grid: " + ", ".join(f"{c[5:]} {r:.2f}x" for c, r in worst.items()))
 
 
