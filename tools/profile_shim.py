@@ -96,7 +96,8 @@ def grid(tp: str, row_counts: list[int]) -> None:
     # (column, the column it is compared with)
     cols = [("original", None)] + [(f"shim out= {name}", "original") for name, _ in ROUTES] + [
         ("shim no out", "original"), ("original new q+gate", None),
-        ("shim out= default new q+gate", "original new q+gate")]
+        ("shim out= default new q+gate", "original new q+gate")] + [
+        (f"shim out= default {fence} fence", "original") for fence in F.MODES if fence != "import"]
     print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); x = shim / original; "
           f"default out= route: copy up to {default_limit} bytes, else donate; 'new q+gate': "
           "q and the gate are new tensor objects each call (vLLM's activations), both sides")
@@ -124,13 +125,21 @@ def grid(tp: str, row_counts: list[int]) -> None:
             route = dict(ROUTES).get(c[len("shim out= "):]) if c.startswith("shim out= ") else None
             E.OUT_COPY_MAX_BYTES[0] = default_limit if route is None else route
             fn = calls.get(c, lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate))
-            found[c] = per_call_us(fn, n=n, sync=True)
+            fence = c.split()[-2] if c.endswith(" fence") else "import"
+            S.set_stream_fence(fence)
+            F.FENCE.reset()
+            fn()
+            if fence != "import" and not F.FENCE.ffi:
+                print(f"{fence}: FFI fence unavailable ({F.FENCE.reason}); column skipped")
+            else:
+                found[c] = per_call_us(fn, n=n, sync=True)
+            S.set_stream_fence("import")
         E.OUT_COPY_MAX_BYTES[0] = default_limit
         ratios = []
         for c, base in cols:
             if base is None:
                 continue
-            r = found[c] / found[base] if base in found else float("nan")
+            r = found[c] / found[base] if base in found and c in found else float("nan")
             ratios.append(f"{r:.2f}")
             if r == r:  # not NaN (no original)
                 worst[c] = max(worst.get(c, 0.0), r)
