@@ -14,8 +14,8 @@ Importing it turns off JAX's GPU memory preallocation unless the user chose an
 allocator policy (``XLA_PYTHON_CLIENT_*``), so torch keeps its memory.
 ``install()`` swaps it in under the originals' module name, with the installed
 vLLM's surface. See notes/shim.md. Layout: ``ops`` (public functions), ``_checks``
-(the originals' checks), ``_eager`` (conversion, streams, in-place writes),
-``_jax_side`` (the jitted calls), ``_interop`` (DLPack rules), ``_private_api``
+(the originals' checks), ``_call_cache`` (one lookup per repeated call), ``_eager``
+(conversion, streams, in-place writes), ``_jax_side`` (the jitted calls), ``_interop`` (DLPack rules), ``_private_api``
 (every private JAX/torch call), ``_torch_ops`` (torch.compile), ``_warmup``.
 
 JAX's kernels cannot be captured in a torch CUDA graph: run these ops eagerly
@@ -39,6 +39,7 @@ from qsa_torch_shim.latency import measure_eager_latency
 ORIGINAL_MODULE = "vllm.models.qwen4_exp.nvidia.ops.qsa"
 
 __all__ = [
+    "set_out_copy_max_bytes",
     "set_stream_fence",
     "set_tiling_table",
     "ShimCopyWarning",
@@ -81,6 +82,17 @@ def set_stream_fence(mode: str) -> None:
     from qsa_torch_shim import _ffi_fence
 
     _ffi_fence.set_mode(mode)
+
+
+def set_out_copy_max_bytes(limit: int) -> None:
+    """From the next call on, ``out=`` of at most ``limit`` bytes is written by a plain
+    JAX call and a torch copy into ``out`` on the current stream; larger ones by
+    donating ``out`` to the call. Either way ``out`` keeps its memory (same pointer)
+    and is returned. Default 1 MiB (``QSA_SHIM_OUT_COPY_MAX_BYTES``); 0 or less: always
+    donate (-1 donates empty outputs too). See notes/shim.md, "Session 7"."""
+    from qsa_torch_shim import _eager
+
+    _eager.OUT_COPY_MAX_BYTES[0] = int(limit)
 
 
 def set_tiling_table(table: str | None) -> None:

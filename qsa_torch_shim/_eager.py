@@ -7,11 +7,16 @@ functions are also the bodies of the torch custom ops (``_torch_ops``).
 
 from __future__ import annotations
 
+import collections
+import os
+import threading
+
 import torch
 
 from qsa_torch_shim import _ffi_fence as F
 from qsa_torch_shim import _interop as I
 from qsa_torch_shim import _jax_side as J
+from qsa_torch_shim import _private_api as P
 
 
 def _dispatch(ffi: bool, device: torch.device, call, *args, **kwargs):
@@ -55,7 +60,7 @@ def _kv_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor):
 
 def _write_back(result, dest: torch.Tensor, what: str) -> torch.Tensor:
     """Order torch after JAX's write into ``dest``; copy if it did not land in place."""
-    alias = I.to_torch(result)  # stream handshake: torch's current stream waits for JAX
+    alias = I.to_torch(result, dest)  # stream handshake: torch's current stream waits for JAX
     if alias.data_ptr() != dest.data_ptr():
         # JAX's CPU backend ignores donation (measured, jax 0.11.2): copy back, and say so
         # once per process there; on a GPU it would be a bug worth hearing about each time.
@@ -71,6 +76,116 @@ def _write_back(result, dest: torch.Tensor, what: str) -> torch.Tensor:
 _CPU_COPY_WARNED = False
 
 
+# ``out=`` of at most this many bytes is written by the plain call (the route without
+# ``out``) and a torch copy on the caller's stream; larger ones by donating ``out`` to
+# the call (XLA writes the result into its memory). Donation costs host time on every
+# call (measured on the H200, TP1 1 row: donated call 98.6 µs against 80.0 µs for the
+# plain call with its fence import), a copy costs a torch launch and a device copy of
+# the output (~1 µs per MiB at HBM speed). 1 MiB: TP1 up to 85 rows (12 KiB per row).
+# Set with ``qsa_torch_shim.set_out_copy_max_bytes`` or QSA_SHIM_OUT_COPY_MAX_BYTES.
+OUT_COPY_MAX_BYTES = [int(os.environ.get("QSA_SHIM_OUT_COPY_MAX_BYTES", 1 << 20))]
+
+
+class OutRoutes:
+    """How many ``out=`` calls took each route (the tests assert which one ran)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.copied = self.donated = self.signalled = 0
+
+
+OUT_ROUTES = OutRoutes()
+
+
+class CopySources:
+    """Results of the copy route, kept alive until torch's copy out of them has run.
+
+    A result is JAX's memory, exported to torch. Dropping it returns the memory to
+    JAX's allocator, which orders its reuse only after JAX's own streams: a later JAX
+    computation (from another torch stream, or not from the shim at all) could write
+    there while torch's copy, queued on the caller's stream, still reads it. So each
+    result is held with an event recorded after the copy on that stream, and released
+    once the event has completed (polled on later copies; at most ``limit`` held, the
+    oldest waited for beyond that). CPU copies are done when ``copy_`` returns.
+    """
+
+    def __init__(self, limit: int = 64):
+        self.limit = limit
+        self._held: collections.deque = collections.deque()
+        self._spare: list = []
+        self._lock = threading.Lock()
+
+    def hold(self, source: torch.Tensor) -> None:
+        if not source.is_cuda:
+            return
+        with self._lock:
+            event = self._spare.pop() if self._spare else torch.cuda.Event()
+            event.record(P.current_stream(source.get_device()))
+            held = self._held
+            held.append((event, source))
+            while held and (len(held) > self.limit or held[0][0].query()):
+                done, _ = held.popleft()
+                done.synchronize()  # at once unless over the limit
+                self._spare.append(done)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+COPY_SOURCES = CopySources()
+
+
+def sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                  output_gate, scales):
+    """The JAX arguments of the sparse call after ``out``/the fence, all cached imports
+    (the same tensor objects recur each step): q, kv, the metadata, the gate, the scales."""
+    return (I.import_query(q), _kv_arrays(k_cache, v_cache),
+            I.import_arg(logical_indices, "logical_indices", large=False),
+            I.import_arg(block_table, "block_table", large=False),
+            I.import_arg(token_to_req, "token_to_req", large=False),
+            I.import_arg(output_gate.view_as(q), "output_gate"),
+            None if scales is None else J.scale_arrays(scales, q))
+
+
+def sparse_run(args, q, use_prefill_config, out, implementation=None):
+    """The sparse call on ``sparse_inputs``' arguments. The stream order comes from one
+    fresh import per call (the donated ``out``, or the fence: see
+    ``_interop.PersistentImports``), or from the FFI wait inside the jitted call."""
+    device = q.device
+    ffi = F.active(device)
+    static = dict(use_prefill_config=bool(use_prefill_config), implementation=implementation,
+                  table=J.TILING_TABLE[0], ffi_fence=ffi)
+    if out is not None and I.is_importable(out):
+        signal = F.signals(device)
+        # The FFI signal replaces the export only for a donated ``out``: keep that route.
+        if signal or out.nbytes > OUT_COPY_MAX_BYTES[0]:
+            OUT_ROUTES.donated += 1
+            dest = I.to_jax(out, ordered=not ffi)
+            result, _ = _dispatch(ffi, device, J.sparse_into, dest, *args, ffi_signal=signal,
+                                  **static)
+            if _landed(signal, result, out):
+                OUT_ROUTES.signalled += 1
+                return out
+            return _exported(ffi, result, _write_back, result, out, "out")
+        OUT_ROUTES.copied += 1
+        copy_in = True
+    else:
+        copy_in = False
+    fence = None if ffi else I.stream_fence(device)
+    result, _ = _dispatch(ffi, device, J.sparse_new, fence, *args, **static)
+    result = _exported(ffi, result, I.to_torch, result, q)
+    if out is None:
+        return result
+    if not copy_in:
+        I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
+    # On torch's current stream, which the export made wait for JAX's write.
+    out.copy_(result)
+    COPY_SOURCES.hold(result)
+    return out
+
+
 def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                                 use_prefill_config, out, output_gate, implementation=None,
                                 scales=None):
@@ -79,37 +194,9 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     gate = output_gate.view_as(q)
     if not q.shape[0]:
         return torch.empty_like(q) if out is None else out
-    kv = _kv_arrays(k_cache, v_cache)
-    # Every input is a cached import (the same tensor objects recur each step);
-    # the stream order comes from one fresh import per call: the donated ``out``,
-    # or the fence (see ``_interop.PersistentImports``); or from the FFI wait inside
-    # the jitted call (``_ffi_fence``).
-    args = (I.import_query(q), kv,
-            I.import_arg(logical_indices, "logical_indices", large=False),
-            I.import_arg(block_table, "block_table", large=False),
-            I.import_arg(token_to_req, "token_to_req", large=False),
-            I.import_arg(gate, "output_gate"),
-            None if scales is None else J.scale_arrays(scales, q))
-    flag = bool(use_prefill_config)
-    ffi = F.active(q.device)
-    static = dict(use_prefill_config=flag, implementation=implementation,
-                  table=J.TILING_TABLE[0], ffi_fence=ffi)
-    if out is not None and I.is_importable(out):
-        dest = I.to_jax(out, ordered=not ffi)
-        signal = F.signals(q.device)
-        result, _ = _dispatch(ffi, q.device, J.sparse_into, dest, *args, ffi_signal=signal,
-                              **static)
-        if _landed(signal, result, out):
-            return out
-        return _exported(ffi, result, _write_back, result, out, "out")
-    fence = None if ffi else I.stream_fence(q.device)
-    result, _ = _dispatch(ffi, q.device, J.sparse_new, fence, *args, **static)
-    result = _exported(ffi, result, I.to_torch, result)
-    if out is None:
-        return result
-    I.warn_copy("out", "is not compact/aligned, so JAX cannot write into it")
-    out.copy_(result)
-    return out
+    args = sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
+                         scales)
+    return sparse_run(args, q, use_prefill_config, out, implementation)
 
 
 def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> None:
@@ -132,7 +219,7 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
     if in_place:
         _exported(ffi, result, _write_back, result, cache, "cache")
     else:
-        cache.copy_(_exported(ffi, result, I.to_torch, result))
+        cache.copy_(_exported(ffi, result, I.to_torch, result, cache))
 
 
 
@@ -196,6 +283,6 @@ def compress_groups_impl(raw_keys, raw_positions, compressor_state_cache,
         lp, slots, ring_layout=ring_layout, rope_mode=rope_mode,
         words=(bt_w, ttr_w, qsl_w, lp_w, cs_w), compress_ratio=int(compress_ratio),
         implementation=implementation, ffi_fence=ffi)
-    return _exported(ffi, (pooled, first), lambda: (I.to_torch(pooled),
-                                                   I.words_to_int64_tensor(first)))
+    return _exported(ffi, (pooled, first), lambda: (I.to_torch(pooled, raw_keys),
+                                                   I.words_to_int64_tensor(first, raw_keys)))
 

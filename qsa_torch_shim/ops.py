@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from qsa_torch_shim import _checks, _eager, _warmup
+from qsa_torch_shim import _call_cache, _checks, _eager, _warmup
 from qsa_torch_shim._warmup import _select_config, warmup_rows
 
 # Internal names kept for tools/profile_shim.py, which times these pieces one by one.
@@ -52,6 +52,35 @@ def sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, to
                                               implementation, scales)
 
 
+def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                   use_prefill_config, out, output_gate, implementation, k_scale, v_scale,
+                   surface):
+    """The originals' checks of ``surface``, then the call. An eager call whose arguments
+    are the memory views and tensor objects of an earlier call skips both the checks
+    and the import lookups (``_call_cache``: one key, one dict lookup)."""
+    if torch.compiler.is_compiling():
+        key = None
+    else:
+        key = _call_cache.sparse_key(q, k_cache, v_cache, logical_indices, block_table,
+                                     token_to_req, out, output_gate, k_scale, v_scale, surface)
+    tensors = (q, k_cache, v_cache, logical_indices, block_table, token_to_req, output_gate)
+    found = None if key is None else _call_cache.SPARSE_CALLS.get(key, tensors)
+    if found is not None:
+        return _eager.sparse_run(found[1], q, use_prefill_config, out, implementation)
+    scales = _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table,
+                                  token_to_req, out, output_gate, k_scale, v_scale,
+                                  surface=surface)
+    if key is None or not q.shape[0]:
+        return sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table,
+                                      token_to_req, use_prefill_config, out, output_gate,
+                                      implementation, scales)
+    output_gate.view_as(q)  # the originals' RuntimeError for a gate of another size
+    args = _eager.sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                                output_gate, scales)
+    _call_cache.SPARSE_CALLS.put(key, tensors, scales, args)
+    return _eager.sparse_run(args, q, use_prefill_config, out, implementation)
+
+
 def qsa_sparse_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -78,10 +107,9 @@ def qsa_sparse_paged_attention(
     ``[rows, W + 1]`` buffer (last column: the row's count). With ``out``, the
     result is written into it in place and ``out`` is returned.
     """
-    scales = _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table,
-                                  token_to_req, out, output_gate, k_scale, v_scale)
-    return sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                                  use_prefill_config, out, output_gate, implementation, scales)
+    return checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                          use_prefill_config, out, output_gate, implementation, k_scale, v_scale,
+                          "0.34")
 
 
 def qsa_store_cache_rows(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor, *,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from qsa_torch_shim import _checks, _warmup
+from qsa_torch_shim import _warmup
 from qsa_torch_shim import ops as _ops
 from qsa_torch_shim._warmup import _select_config as _select_config_034
 from qsa_torch_shim.ops import qsa_compress_groups_with_ratio, qsa_store_cache_rows, warmup_rows
@@ -46,11 +46,9 @@ def qsa_sparse_paged_attention(
     implementation: str | None = None,
 ) -> torch.Tensor:
     """Sparse GQA over paged bf16 K/V caches (drop-in for 0.30.0's); see ``ops``."""
-    _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, out,
-                         output_gate, surface="0.30")
-    return _ops.sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table,
-                                       token_to_req, use_prefill_config, out, output_gate,
-                                       implementation, None)
+    return _ops.checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                               use_prefill_config, out, output_gate, implementation, None, None,
+                               "0.30")
 
 
 warmup_qsa_sparse_paged_attention = _warmup.public_warmup(fp8_tables=False, version="0.30.0")

@@ -24,6 +24,7 @@ import torch
 
 import qsa_torch_shim as S
 from qsa_torch_shim import _interop as I
+from qsa_torch_shim._call_cache import SPARSE_CALLS
 from qsa_testing import cases as C
 from qsa_testing import golden, oracle
 from qsa_testing.agreement import assert_fidelity
@@ -507,10 +508,12 @@ def test_import_cache_follows_the_buffers():
     }
     previous = first
     for name, write in writes.items():
-        I.PERSISTENT.hits = 0
+        I.PERSISTENT.hits = SPARSE_CALLS.hits = 0
         write()
         got = call()
-        assert I.PERSISTENT.hits >= 6, name
+        # Served from the cached imports: the call cache's entry (same tensors), or the
+        # import cache's six entries.
+        assert SPARSE_CALLS.hits >= 1 or I.PERSISTENT.hits >= 6, name
         want = fresh()
         # Bit patterns, not values: after the block-table write the rows read pages the golden
         # poisons (NaN V), and NaN != NaN.
@@ -521,7 +524,7 @@ def test_import_cache_follows_the_buffers():
     # Dropping the user's tensors drops their entries (and the storage they pinned).
     del kv, a, gate, call, writes
     gc.collect()
-    assert len(I.PERSISTENT) == 0
+    assert len(I.PERSISTENT) == 0 and len(SPARSE_CALLS) == 0
     # New buffers (possibly at the same addresses) with other data are not served stale.
     kv2, a2, gate2 = _sparse_args(case)
     kv2.mul_(-0.5)
@@ -670,7 +673,8 @@ def test_gpu_strided_q_matches_original_without_copy(orig, gpu_pool, rows, monke
 
 
 @pytest.mark.gpu
-def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fence):
+@pytest.mark.parametrize("out_route", ["donate", "copy"], indirect=True)
+def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fence, out_route):
     g, kv = gpu_pool
     a, gate = _gpu_case(g, 64, 11, kv)
     imported = _record_imports(monkeypatch)
@@ -688,6 +692,7 @@ def test_gpu_in_place_pointer_identity_and_zero_copy(gpu_pool, monkeypatch, fenc
     assert got is out and out.data_ptr() == ptr and cache.data_ptr() == cptr
     assert imported[kv.data_ptr()] == tuple(kv.shape)
     _assert_fence_ran(fence, 2, signalled=2)
+    _assert_out_route(out_route, fence, 1)
     page, tok = slots // 16, slots % 16
     assert torch.equal(cache[page, tok, 0], rows)
 
@@ -713,9 +718,11 @@ def test_gpu_store_and_compress_match_original(orig):
         assert torch.equal(want[1], got[1]), case.name
 
 
-def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
+def _race_iterations(g, kv, with_out: bool, n: int = 40, fresh_q: bool = False) -> list[int]:
     """Iterations whose output differs from the expected one when torch writes q and the
-    counts on a side stream right before each call and reads the output right after."""
+    counts on a side stream right before each call and reads the output right after.
+    ``fresh_q``: q is a new tensor each iteration, so its import is never a cache hit
+    (made without a handshake: the call's fence must order it)."""
     a, gate = _gpu_case(g, 2048, 3, kv)
     counts = a["logical_indices"][:, -1].clone()
     q_sets = [a["q"].clone(), (-a["q"]).clone()]
@@ -734,10 +741,12 @@ def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
     out = torch.empty_like(a["q"])
     results = torch.empty((n,) + tuple(out.shape), dtype=out.dtype, device="cuda")
     I.clear_import_cache()
-    I.PERSISTENT.hits = 0
+    I.PERSISTENT.hits = I.PERSISTENT.misses = SPARSE_CALLS.hits = 0
     with torch.cuda.stream(side):
         for it in range(n):
             torch.cuda._sleep(2_000_000)  # delay torch's writes: a JAX read that does not wait sees stale inputs
+            if fresh_q:
+                q = torch.empty_like(q_sets[0])
             q.copy_(q_sets[it % 2])
             li[:, -1].copy_(count_sets[it % 2])
             args = {**a, "q": q, "logical_indices": li}
@@ -749,7 +758,10 @@ def _race_iterations(g, kv, with_out: bool, n: int = 40) -> list[int]:
             results[it].copy_(got)  # immediately after: must wait for JAX's write
             got.fill_(float("nan"))
     torch.cuda.synchronize()
-    assert I.PERSISTENT.hits >= n, "the cached imports were not exercised"
+    if fresh_q:
+        assert I.PERSISTENT.misses >= n, "q was not imported afresh each call"
+    else:
+        assert I.PERSISTENT.hits + SPARSE_CALLS.hits >= n, "the cached imports were not exercised"
     return [it for it in range(n) if not torch.equal(results[it], expected[it % 2])]
 
 
@@ -780,23 +792,58 @@ def _assert_fence_ran(fence, calls, signalled=0):
     assert F.pending() == 0
 
 
+@pytest.fixture
+def out_route(request):
+    """``out=``'s route for this test: "donate" (limit -1), "copy" (every size), or the
+    default limit (None); restored afterwards."""
+    from qsa_torch_shim import _eager as E
+
+    previous = E.OUT_COPY_MAX_BYTES[0]
+    route = getattr(request, "param", None)
+    if route is not None:
+        S.set_out_copy_max_bytes(-1 if route == "donate" else 1 << 40)
+    E.OUT_ROUTES.reset()
+    yield route
+    E.OUT_COPY_MAX_BYTES[0] = previous
+
+
+def _assert_out_route(route, fence, calls):
+    """``calls`` calls with ``out=`` took ``route`` (the FFI signal keeps the donation)."""
+    from qsa_torch_shim import _eager as E
+
+    if route == "copy" and fence != "ffi-signal":
+        assert E.OUT_ROUTES.copied >= calls and E.OUT_ROUTES.donated == 0, vars(E.OUT_ROUTES)
+    elif route is not None:
+        assert E.OUT_ROUTES.donated >= calls and E.OUT_ROUTES.copied == 0, vars(E.OUT_ROUTES)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("with_out", [True, False], ids=["out", "new"])
-def test_gpu_stream_race(gpu_pool, with_out, fence):
+@pytest.mark.parametrize("with_out,out_route,fresh_q", [
+    (True, "donate", False), (True, "copy", False), (False, None, False), (True, None, True)],
+    ids=["out", "out-copy", "new", "out-fresh-q"], indirect=["out_route"])
+def test_gpu_stream_race(gpu_pool, with_out, out_route, fresh_q, fence):
     """q and the counts are the same tensor objects every iteration, so their imports are
     cached: only the per-call fence (the donated ``out``, or ``stream_fence`` without
-    ``out``; or the FFI wait) orders JAX's reads after torch's writes."""
+    ``out`` and on the copy route; or the FFI wait) orders JAX's reads after torch's
+    writes; on the copy route, the export orders torch's copy into ``out`` after JAX."""
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
-    bad = _race_iterations(g, kv, with_out)
+    bad = _race_iterations(g, kv, with_out, fresh_q=fresh_q)
     assert not bad, f"stream race ({fence} fence): iterations {bad} read stale or unwritten data"
-    _assert_fence_ran(fence, 40, signalled=40 if with_out else 0)
+    _assert_fence_ran(fence, 40, signalled=40 if with_out else 0)  # checked in "ffi-signal" only
+    _assert_out_route(out_route, fence, 40)
 
 
 @pytest.mark.gpu
-def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
-    """Negative control: with the fence removed, the race test must see stale reads."""
+@pytest.mark.parametrize("with_out,out_route,fresh_q", [
+    (False, None, False), (True, "copy", False), (False, None, True)],
+    ids=["new", "out-copy", "new-fresh-q"], indirect=["out_route"])
+def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch, with_out, out_route,
+                                                     fresh_q):
+    """Negative control: with the fence removed, the race test must see stale reads (also
+    on the copy route for ``out=``, whose fence is the same one, and with q imported
+    afresh each call, which takes no handshake of its own)."""
     g, kv = gpu_pool
     if g.name != "TP1":
         pytest.skip("one geometry is enough")
@@ -804,7 +851,7 @@ def test_gpu_stream_race_test_catches_a_missing_fence(gpu_pool, monkeypatch):
 
     monkeypatch.setattr(F, "_MODE", ["import"])  # this control removes the import fence
     monkeypatch.setattr(I, "stream_fence", lambda device: None)
-    bad = _race_iterations(g, kv, with_out=False)
+    bad = _race_iterations(g, kv, with_out=with_out, fresh_q=fresh_q)
     I.clear_import_cache()
     assert bad, "no stale read without the fence: the race test cannot detect a missing wait"
 

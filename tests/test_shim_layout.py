@@ -129,6 +129,9 @@ def test_fast_import_route_runs():
     _run_every_op()
     assert P.PATHS.fast >= 7, P.PATHS.fast
     assert P.PATHS.public == 0, f"public import route ran: {P.PATHS.last_reason}"
+    # Exports too: sparse (result), store (the cache alias), compress (two outputs).
+    assert P.PATHS.export_fast >= 3, P.PATHS.export_fast
+    assert P.PATHS.export_public == 0, f"public export route ran: {P.PATHS.last_reason}"
     assert S.IMPORT_PATHS is P.PATHS
 
 
@@ -141,9 +144,11 @@ def test_fast_route_test_sees_a_broken_private_api(monkeypatch):
         raise AttributeError("simulated: jax._src moved")
 
     monkeypatch.setattr(P, "_importer", broken)
+    monkeypatch.setattr(P, "_exporter", lambda: broken(None))
     P.PATHS.reset()
     got = _run_every_op()
     assert P.PATHS.fast == 0 and P.PATHS.public >= 7
+    assert P.PATHS.export_fast == 0 and P.PATHS.export_public >= 3
     assert "simulated" in P.PATHS.last_reason
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     I.clear_import_cache()

@@ -1,11 +1,17 @@
 """Where the shim's eager host time goes (GPU): component timings and a cProfile.
 
     python3 tools/profile_shim.py [--rows 1] [--tp TP1]
+    python3 tools/profile_shim.py --grid 1,8,64,512,2048 [--tp TP1]
 
 Prints the eager latency of the original (when loadable) and of the shim with each
 per-call stream fence (the fence import, and the FFI wait: notes/shim.md, Session 6),
 the host time of each step of a shim call measured alone, and the top of a cProfile
 of repeated shim calls (sorted by own time).
+
+``--grid``: for each row count, the originals' eager call (call + sync) against the
+shim's, with ``out=`` on the default route and on each forced route (copy: plain call +
+torch copy; donate: ``out`` donated to the call; notes/shim.md, Session 7), and without
+``out``; the ratio shim / original for each, and the worst over the grid.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from qsa_torch_shim import ops as O  # noqa: E402
 
 
 def per_call_us(fn, n=300, sync=False):
+    """Median over 5 runs of ``n`` calls (after 20 warm-up calls) of µs per call."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
@@ -47,25 +54,113 @@ def per_call_us(fn, n=300, sync=False):
     return statistics.median(samples)
 
 
+def _inputs(g, rows, kv=None, nb=512, w=2051, dev="cuda"):
+    """The call's tensors at ``rows`` (one request; ``w`` selected tokens per row) over a
+    ``[nb, Hk, P, 2D]`` bf16 pool (made when ``kv`` is None)."""
+    d, hk, p, h = g.head_dim, g.num_kv_heads, g.page_size, g.num_query_heads
+    if kv is None:
+        kv = torch.randn((nb, hk, p, 2 * d), device=dev).to(torch.bfloat16)
+    k, v = kv.transpose(1, 2).split(d, -1)
+    q = torch.randn((rows, h, d), device=dev).to(torch.bfloat16)
+    li = torch.randint(0, nb * p, (rows, w + 1), device=dev, dtype=torch.int32)
+    li[:, -1] = w
+    bt = torch.randperm(nb, device=dev, dtype=torch.int32)[None, :].contiguous()
+    t2r = torch.zeros((rows,), device=dev, dtype=torch.int32)
+    return kv, (q, k, v, li, bt, t2r, False, torch.empty_like(q)), torch.randn_like(q)
+
+
+ROUTES = (("default", None), ("copy", 1 << 40), ("donate", -1))
+
+
+def _new_root(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor object (its own root) on ``t``'s memory: what a fresh activation is
+    to the shim's caches, without an allocation or a copy in the timed loop."""
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
+def grid(tp: str, row_counts: list[int]) -> None:
+    """Eager (call + sync) of the originals against the shim's routes, per row count."""
+    from qsa_torch_shim import _eager as E
+
+    g = arg_specs.GEOMETRIES[tp]
+    try:
+        from qsa_testing import originals
+
+        orig = originals.load()
+    except Exception as exc:  # noqa: BLE001
+        print("original not loadable:", exc)
+        orig = None
+    kv = None
+    default_limit = E.OUT_COPY_MAX_BYTES[0]
+    # (column, the column it is compared with)
+    cols = [("original", None)] + [(f"shim out= {name}", "original") for name, _ in ROUTES] + [
+        ("shim no out", "original"), ("original new q+gate", None),
+        ("shim out= default new q+gate", "original new q+gate")] + [
+        (f"shim out= default {fence} fence", "original") for fence in F.MODES if fence != "import"]
+    print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); x = shim / original; "
+          f"default out= route: copy up to {default_limit} bytes, else donate; 'new q+gate': "
+          "q and the gate are new tensor objects each call (vLLM's activations), both sides")
+    ratios_of = [c for c, base in cols if base]
+    print("| rows | out bytes | " + " | ".join(c for c, _ in cols) + " | " +
+          " | ".join(f"x {c[5:]}" for c in ratios_of) + " |")
+    print("|" + "---|" * (2 + len(cols) + len(ratios_of)))
+    worst: dict[str, float] = {}
+    for rows in row_counts:
+        kv, args, gate = _inputs(g, rows, kv)
+        q, rest = args[0], args[1:]
+        n = 300 if rows <= 64 else 40
+        calls = {
+            "original": lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate),
+            "shim no out": lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate),
+            "original new q+gate": lambda: orig.qsa_sparse_paged_attention(
+                _new_root(q), *rest, output_gate=_new_root(gate)),
+            "shim out= default new q+gate": lambda: S.qsa_sparse_paged_attention(
+                _new_root(q), *rest, output_gate=_new_root(gate)),
+        }
+        found = {}
+        for c, _ in cols:
+            if c.startswith("original") and orig is None:
+                continue
+            route = dict(ROUTES).get(c[len("shim out= "):]) if c.startswith("shim out= ") else None
+            E.OUT_COPY_MAX_BYTES[0] = default_limit if route is None else route
+            fn = calls.get(c, lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate))
+            fence = c.split()[-2] if c.endswith(" fence") else "import"
+            S.set_stream_fence(fence)
+            F.FENCE.reset()
+            fn()
+            if fence != "import" and not F.FENCE.ffi:
+                print(f"{fence}: FFI fence unavailable ({F.FENCE.reason}); column skipped")
+            else:
+                found[c] = per_call_us(fn, n=n, sync=True)
+            S.set_stream_fence("import")
+        E.OUT_COPY_MAX_BYTES[0] = default_limit
+        ratios = []
+        for c, base in cols:
+            if base is None:
+                continue
+            r = found[c] / found[base] if base in found and c in found else float("nan")
+            ratios.append(f"{r:.2f}")
+            if r == r:  # not NaN (no original)
+                worst[c] = max(worst.get(c, 0.0), r)
+        print(f"| {rows} | {args[7].nbytes} | " + " | ".join(
+            f"{found[c]:.1f}" if c in found else "-" for c, _ in cols) + " | " + " | ".join(ratios) + " |")
+    print("worst ratio over the grid: " + ", ".join(f"{c[5:]} {r:.2f}x" for c, r in worst.items()))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--tp", default="TP1")
+    ap.add_argument("--grid", default=None, help="comma-separated row counts: the grid table only")
     a = ap.parse_args()
+    if a.grid:
+        grid(a.tp, [int(r) for r in a.grid.split(",")])
+        return
     g = arg_specs.GEOMETRIES[a.tp]
-    nb, d, hk, p, h = 512, g.head_dim, g.num_kv_heads, g.page_size, g.num_query_heads
-    w = 2051
-    dev = "cuda"
-    kv = torch.randn((nb, hk, p, 2 * d), device=dev).to(torch.bfloat16)
-    k, v = kv.transpose(1, 2).split(d, -1)
-    q = torch.randn((a.rows, h, d), device=dev).to(torch.bfloat16)
-    gate = torch.randn_like(q)
-    out = torch.empty_like(q)
-    li = torch.randint(0, nb * p, (a.rows, w + 1), device=dev, dtype=torch.int32)
-    li[:, -1] = w
-    bt = torch.randperm(nb, device=dev, dtype=torch.int32)[None, :].contiguous()
-    t2r = torch.zeros((a.rows,), device=dev, dtype=torch.int32)
-    args = (q, k, v, li, bt, t2r, False, out)
+    kv, args, gate = _inputs(g, a.rows)
+    q, k, v, li, bt, t2r, _, out = args
+    d, hk, h, dev = g.head_dim, g.num_kv_heads, g.num_query_heads, q.device
     shim = lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate)  # noqa: E731
     rows = []
     try:
@@ -115,7 +210,19 @@ def main():
                              implementation=None))))
     rows.append(("  donated call (out import + dispatch)", per_call_us(
         lambda: J.sparse_into(I.to_jax(out), *jargs, use_prefill_config=False, implementation=None))))
-    rows.append(("  to_torch(result)", per_call_us(lambda: I.to_torch(res[0]))))
+    rows.append(("  to_torch(result) (public torch.from_dlpack)", per_call_us(lambda: I.to_torch(res[0]))))
+    rows.append(("  to_torch(result, q) (fast export, session 7)", per_call_us(lambda: I.to_torch(res[0], q))))
+    from qsa_torch_shim import _call_cache as CC
+
+    key_args = (q, k, v, li, bt, t2r, out, gate, None, None, "0.34")
+    tensors = (q, k, v, li, bt, t2r, gate)
+    rows.append(("  call cache: key + lookup (replaces checks + imports)", per_call_us(
+        lambda: CC.SPARSE_CALLS.get(CC.sparse_key(*key_args), tensors))))
+    rows.append(("  out.copy_(result) (copy route)", per_call_us(lambda: out.copy_(gate))))
+    from qsa_torch_shim import _eager as E
+
+    rows.append(("  out.copy_ + COPY_SOURCES.hold (copy route's tail)", per_call_us(
+        lambda: E.COPY_SOURCES.hold(out.copy_(gate)))))
     S.set_stream_fence("ffi")
     if F.active(q.device):
         def ffi_call():
