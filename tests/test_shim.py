@@ -761,7 +761,9 @@ def _race_iterations(g, kv, with_out: bool, n: int = 40, fresh_q: bool = False) 
     if fresh_q:
         assert I.PERSISTENT.misses >= n, "q was not imported afresh each call"
     else:
-        assert I.PERSISTENT.hits + SPARSE_CALLS.hits >= n, "the cached imports were not exercised"
+        # Every call after the first finds its imports cached: as one call-cache hit (which
+        # skips the per-tensor lookups) or as per-tensor hits. The first call misses both.
+        assert I.PERSISTENT.hits + SPARSE_CALLS.hits >= n - 1, "the cached imports were not exercised"
     return [it for it in range(n) if not torch.equal(results[it], expected[it % 2])]
 
 
