@@ -43,6 +43,7 @@ Writes ``backward.json`` and ``backward.md`` to ``--out`` and prints the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import pathlib
@@ -95,6 +96,29 @@ def _relative_difference(x, ref):
         norm = jnp.linalg.norm(b)
         worst = jnp.maximum(worst, jnp.where(norm > 0, jnp.linalg.norm(a - b) / norm, 0.0))
     return worst
+
+
+@contextlib.contextmanager
+def default_backward_order(order: str | None):
+    """The Pallas backward's default walk set to ``order`` (None: unchanged) while inside.
+
+    JAX caches the custom_vjp's traced backward per (problem, implementation), so the
+    caches are cleared on the way in and out: without that a step reuses the backward
+    traced with the previous default (on the H200 in session 7, the "grad pallas inverted"
+    row ran the default kernel)."""
+    from qsa_jax.ops.sparse_attention import backward_pallas
+
+    previous = backward_pallas.DEFAULT_ORDER
+    if order is None or order == previous:
+        yield
+        return
+    backward_pallas.DEFAULT_ORDER = order
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        backward_pallas.DEFAULT_ORDER = previous
+        jax.clear_caches()
 
 
 def main() -> int:
@@ -178,11 +202,10 @@ def main() -> int:
                               (inp.q, kv, inp.gate)))
             measured, reference = {}, None
             for name, fn, args in steps:
-                default_order = backward_pallas.DEFAULT_ORDER
-                if name.startswith("grad pallas "):  # traced (and compiled) inside _measure
-                    backward_pallas.DEFAULT_ORDER = name.split()[-1]
+                order = name.split()[-1] if name.startswith("grad pallas ") else None
                 try:
-                    r, out = _measure(fn, args, a.reps)
+                    with default_backward_order(order):  # traced (and compiled) inside _measure
+                        r, out = _measure(fn, args, a.reps)
                     if name == "backward":
                         reference = out
                     elif name.startswith("backward ") and reference is not None:
@@ -190,8 +213,6 @@ def main() -> int:
                     del out
                 except Exception as exc:  # noqa: BLE001 -- e.g. out of memory: report and go on
                     r = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                finally:
-                    backward_pallas.DEFAULT_ORDER = default_order
                 measured[name] = r
                 fwd = measured["forward"].get("busy_us") or measured["forward"].get("wall_us")
                 own = r.get("busy_us") or r.get("wall_us")

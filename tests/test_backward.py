@@ -431,3 +431,26 @@ def test_bench_backward_cpu_smoke(tmp_path, monkeypatch):
     assert [r["step"] for r in records] == ["forward", "backward", "backward acq_rel atomics", "grad pallas"]
     assert all(r["wall_us"] > 0 and r["busy_us"] is None for r in records)  # no GPU: no trace
     assert "| TP4 | 1 | 1 | backward |" in (tmp_path / "backward.md").read_text()
+
+
+def test_bench_default_backward_order_retraces():
+    """bench.backward's ``--grad-orders``: inside ``default_backward_order`` a jax.grad of the
+    Pallas op traces the requested walk (its kernel appears in the jaxpr), and after it the
+    default walk again -- JAX's cached custom_vjp backward must not leak across."""
+    from bench.backward import default_backward_order
+
+    case = C.sparse_attention_case(np.random.default_rng(0), rows=4, num_query_heads=4, num_kv_heads=2,
+                                   head_dim=16, page_size=16, selection_blocks=4, context_tokens=64,
+                                   num_pages=8)
+    li, bt, tr = (jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
+    args = tuple(jnp.asarray(x) for x in (case.q, case.kv_cache, case.output_gate))
+
+    def traced():
+        grad = jax.grad(lambda q, kv, g: qsa_jax.sparse_attention(
+            q, kv, li, bt, tr, g, implementation="pallas").astype(jnp.float32).sum(), argnums=(0, 1, 2))
+        return str(jax.make_jaxpr(grad)(*args))
+
+    assert "backward_inverted" not in traced()
+    with default_backward_order("inverted"):
+        assert "backward_inverted" in traced()
+    assert "backward_inverted" not in traced()
