@@ -171,7 +171,33 @@ def _view_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-class PersistentImports:
+class BoundedEntries:
+    """A lock-guarded dict of at most ``max_entries`` entries (the oldest goes first), with
+    hit/miss counters: the storage of the shim's caches (this module's imports and
+    ``_call_cache``'s calls), whose own classes say what an entry is and when it is valid."""
+
+    def __init__(self, max_entries: int):
+        self._entries: dict[tuple, tuple] = {}
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
+
+    def _store(self, key: tuple, entry: tuple) -> None:
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.pop(next(iter(self._entries)), None)
+            self._entries[key] = entry
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class PersistentImports(BoundedEntries):
     """Cache of JAX imports of torch tensors, valid for as long as the tensor object lives.
 
     An import costs 20-90 µs of host time on a GPU (docs/spec.md §8), and most
@@ -196,11 +222,7 @@ class PersistentImports:
     """
 
     def __init__(self, max_entries: int = 1024):
-        self._entries: dict[tuple, tuple[weakref.ref, jax.Array]] = {}
-        self._lock = threading.Lock()
-        self.max_entries = max_entries
-        self.hits = 0
-        self.misses = 0
+        super().__init__(max_entries)  # entries: key -> (weakref to the root, JAX array)
 
     def get(self, key_tensors: tuple, owner: torch.Tensor, make) -> jax.Array:
         """The cached import of ``make()`` (an importable tensor), keyed on ``key_tensors``'
@@ -222,18 +244,8 @@ class PersistentImports:
         def _drop(_ref, key=key, entries=self._entries):
             entries.pop(key, None)
 
-        with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._entries.pop(next(iter(self._entries)))
-            self._entries[key] = (weakref.ref(root, _drop), array)
+        self._store(key, (weakref.ref(root, _drop), array))
         return array
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 PERSISTENT = PersistentImports()
