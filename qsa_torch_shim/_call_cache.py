@@ -29,7 +29,6 @@ arguments (the fence mode and tiling table may change between calls).
 
 from __future__ import annotations
 
-import threading
 import weakref
 
 import torch
@@ -57,15 +56,11 @@ def sparse_key(q, k_cache, v_cache, logical_indices, block_table, token_to_req, 
             None if out is None else _view(out), k_scale, v_scale, surface)
 
 
-class CallCache:
+class CallCache(_interop.BoundedCache):
     """``key -> (root weakrefs, scales, JAX arguments)``, bounded, dropped with any root."""
 
     def __init__(self, max_entries: int = 256):
-        self._entries: dict[tuple, tuple] = {}
-        self._lock = threading.Lock()
-        self.max_entries = max_entries
-        self.hits = 0
-        self.misses = 0
+        super().__init__(max_entries)
 
     def get(self, key: tuple, tensors: tuple):
         """(scales, JAX arguments) of ``key`` if the entry's roots are still those of
@@ -89,17 +84,7 @@ class CallCache:
             entries.pop(key, None)
 
         refs = tuple((i, weakref.ref(view_root(tensors[i]), _drop)) for i in checked)
-        with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._entries.pop(next(iter(self._entries)), None)
-            self._entries[key] = (refs, scales, args)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        self._put(key, (refs, scales, args))
 
 
 SPARSE_CALLS = CallCache()

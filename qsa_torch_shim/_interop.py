@@ -171,7 +171,31 @@ def _view_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-class PersistentImports:
+class BoundedCache:
+    """A dict of at most ``max_entries`` (the oldest entry goes first), with hit/miss counts."""
+
+    def __init__(self, max_entries: int):
+        self._entries: dict = {}
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
+
+    def _put(self, key, value) -> None:
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.pop(next(iter(self._entries)), None)
+            self._entries[key] = value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class PersistentImports(BoundedCache):
     """Cache of JAX imports of torch tensors, valid for as long as the tensor object lives.
 
     An import costs 20-90 µs of host time on a GPU (docs/spec.md §8), and most
@@ -196,11 +220,7 @@ class PersistentImports:
     """
 
     def __init__(self, max_entries: int = 1024):
-        self._entries: dict[tuple, tuple[weakref.ref, jax.Array]] = {}
-        self._lock = threading.Lock()
-        self.max_entries = max_entries
-        self.hits = 0
-        self.misses = 0
+        super().__init__(max_entries)
 
     def get(self, key_tensors: tuple, owner: torch.Tensor, make) -> jax.Array:
         """The cached import of ``make()`` (an importable tensor), keyed on ``key_tensors``'
@@ -222,24 +242,14 @@ class PersistentImports:
         def _drop(_ref, key=key, entries=self._entries):
             entries.pop(key, None)
 
-        with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._entries.pop(next(iter(self._entries)))
-            self._entries[key] = (weakref.ref(root, _drop), array)
+        self._put(key, (weakref.ref(root, _drop), array))
         return array
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 PERSISTENT = PersistentImports()
 
 
-class ActivationImports:
+class ActivationImports(BoundedCache):
     """Imports of per-step activations (q, the gate), keyed on the memory view alone.
 
     vLLM's q and gate are new tensor objects every step, usually at the same
@@ -266,11 +276,7 @@ class ActivationImports:
     """
 
     def __init__(self, max_entries: int = 64):
-        self._entries: dict[tuple, jax.Array] = {}
-        self._lock = threading.Lock()
-        self.max_entries = max_entries
-        self.hits = 0
-        self.misses = 0
+        super().__init__(max_entries)
 
     def get(self, t: torch.Tensor, shape: tuple | None = None,
             stride: tuple | None = None) -> jax.Array | None:
@@ -288,18 +294,8 @@ class ActivationImports:
             return None
         self.misses += 1
         array = to_jax(view, ordered=False)  # ordered by the call's fence, as in PersistentImports
-        with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._entries.pop(next(iter(self._entries)), None)
-            self._entries[key] = array
+        self._put(key, array)
         return array
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 ACTIVATIONS = ActivationImports()
