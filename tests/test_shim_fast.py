@@ -158,6 +158,25 @@ def test_activation_imports_own_no_memory():
     I.clear_import_cache()
 
 
+def test_copied_arguments_are_not_cached(case):
+    """An argument JAX cannot alias (here a misaligned q) is copied for the call; the copy
+    is that call's data, so a repeated call with the same tensor, written in place since,
+    must copy again rather than reuse the old copy."""
+    args, gate = case
+    q = args[0]
+    buf = torch.empty(q.numel() + 32, dtype=q.dtype)
+    shifted = buf[1:1 + q.numel()].view(q.shape).copy_(q)
+    assert shifted.data_ptr() % 64
+    with pytest.warns(S.ShimCopyWarning, match="aligned"):
+        first = S.qsa_sparse_paged_attention(shifted, *args[1:], output_gate=gate).clone()
+    shifted.mul_(-0.5)
+    with pytest.warns(S.ShimCopyWarning, match="aligned"):
+        got = S.qsa_sparse_paged_attention(shifted, *args[1:], output_gate=gate)
+    want = S.qsa_sparse_paged_attention(shifted.clone(), *args[1:], output_gate=gate)
+    assert not torch.equal(_bits(got), _bits(first)), "a stale copy of q was reused"
+    assert torch.equal(_bits(got), _bits(want))
+
+
 def test_call_cache_misses_what_the_checks_or_imports_depend_on(case):
     args, gate = case
     S.qsa_sparse_paged_attention(*args, output_gate=gate)
