@@ -253,8 +253,10 @@ def main():
         rows.append(("  jitted call + FFI wait + to_torch of its result", per_call_us(
             lambda: I.to_torch(ffi_call()[0]))))
         # Mode "ffi-signal" checks the result's pointer instead of exporting it: does that
-        # wait for the launch (or the computation)?
-        rows.append(("  jitted call + FFI wait + unsafe_buffer_pointer()", per_call_us(
+        # wait for the launch (or the computation)? Not on CPU: there the handler runs on
+        # XLA's worker thread and this call waits for the computation holding the GIL the
+        # handler needs (a deadlock; the shim itself calls it only after ``await_signal``).
+        _GPU and rows.append(("  jitted call + FFI wait + unsafe_buffer_pointer()", per_call_us(
             lambda: ffi_call()[0].unsafe_buffer_pointer())))
 
         def push_alone():  # record + queue, then take it back as the handler would
