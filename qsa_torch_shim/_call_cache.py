@@ -15,10 +15,14 @@ views and keeps what they determine:
   live -- the rule of ``_interop.PersistentImports``, which made them.
 
 Validity: an entry also holds a weakref to the root tensor object (``view_root``) of
-each imported argument; a hit needs each to be alive and to be the argument's root
-now (so another tensor that reuses freed memory at the same address misses), and a
-root's death drops the entry (its imports hold the storage: keeping them would pin
-memory the user freed). ``clear_import_cache()`` clears it. What is not cached: the
+each argument whose import owns its memory; a hit needs each to be alive and to be
+the argument's root now (so another tensor that reuses freed memory at the same
+address misses), and a root's death drops the entry (its imports hold the storage:
+keeping them would pin memory the user freed). q and the gate are new objects every
+step in vLLM: their imports own nothing (``_interop.ActivationImports``) and are valid
+for any tensor with the key's memory view, so they take no weakref (the key holds
+their devices, which a live root would otherwise imply). A call that copied an
+argument is not cached (the copy is this call's data). ``clear_import_cache()`` clears it. What is not cached: the
 stream fence (fresh per call), the route for ``out`` and the jitted call's static
 arguments (the fence mode and tiling table may change between calls).
 """
@@ -47,8 +51,8 @@ def sparse_key(q, k_cache, v_cache, logical_indices, block_table, token_to_req, 
     identity, so a changed value would not change the key."""
     if type(k_scale) not in _PLAIN_SCALES or type(v_scale) not in _PLAIN_SCALES:
         return None
-    return (_view(q), _view(k_cache), _view(v_cache), _view(logical_indices),
-            _view(block_table), _view(token_to_req), _view(output_gate),
+    return (_view(q), q.device, _view(k_cache), _view(v_cache), _view(logical_indices),
+            _view(block_table), _view(token_to_req), _view(output_gate), output_gate.device,
             None if out is None else _view(out), k_scale, v_scale, surface)
 
 
@@ -59,24 +63,27 @@ class CallCache(_interop.BoundedEntries):
         super().__init__(max_entries)
 
     def get(self, key: tuple, tensors: tuple):
-        """(scales, JAX arguments) of ``key`` if ``tensors``' roots are the entry's, else None."""
+        """(scales, JAX arguments) of ``key`` if the entry's roots are still those of
+        ``tensors`` (the call's tensors, in the order given to ``put``), else None."""
         entry = self._entries.get(key)
         if entry is None:
             self.misses += 1
             return None
         refs, scales, args = entry
-        for ref, t in zip(refs, tensors):
-            if ref() is not view_root(t):
+        for i, ref in refs:
+            if ref() is not view_root(tensors[i]):
                 self.misses += 1
                 return None
         self.hits += 1
         return scales, args
 
-    def put(self, key: tuple, tensors: tuple, scales, args) -> None:
+    def put(self, key: tuple, tensors: tuple, checked: tuple, scales, args) -> None:
+        """Cache ``args`` for ``key``, valid while ``tensors[i]``'s roots for ``i`` in
+        ``checked`` live and stay the arguments' roots."""
         def _drop(_ref, key=key, entries=self._entries):
             entries.pop(key, None)
 
-        refs = tuple(weakref.ref(view_root(t), _drop) for t in tensors)
+        refs = tuple((i, weakref.ref(view_root(tensors[i]), _drop)) for i in checked)
         self._store(key, (refs, scales, args))
 
 

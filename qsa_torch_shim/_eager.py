@@ -139,14 +139,26 @@ COPY_SOURCES = CopySources()
 
 def sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                   output_gate, scales):
-    """The JAX arguments of the sparse call after ``out``/the fence, all cached imports
-    (the same tensor objects recur each step): q, kv, the metadata, the gate, the scales."""
-    return (I.import_query(q), _kv_arrays(k_cache, v_cache),
+    """The JAX arguments of the sparse call after ``out``/the fence: q, kv, the metadata,
+    the gate, the scales; all cached imports (``_interop``). Also which of the tensors
+    (in the order q, k, v, the three metadata, the gate) bound the validity of
+    these arguments (their root objects must stay the same), or None when one was
+    copied for this call (then the arguments are valid for this call only)."""
+    query, q_how = I.import_query(q)
+    gate, gate_how = I.import_activation(output_gate.view_as(q), "output_gate")
+    args = (query, _kv_arrays(k_cache, v_cache),
             I.import_arg(logical_indices, "logical_indices", large=False),
             I.import_arg(block_table, "block_table", large=False),
             I.import_arg(token_to_req, "token_to_req", large=False),
-            I.import_arg(output_gate.view_as(q), "output_gate"),
-            None if scales is None else J.scale_arrays(scales, q))
+            gate, None if scales is None else J.scale_arrays(scales, q))
+    copied = "copied" in (q_how, gate_how) or not all(
+        map(I.is_importable, (logical_indices, block_table, token_to_req))) or not (
+        I.is_importable(k_cache) and I.is_importable(v_cache)
+        or I.fused_kv_shape(k_cache, v_cache) is not None and I.is_aligned(k_cache))
+    if copied:
+        return args, None
+    return args, ((0,) if q_how == "owned" else ()) + (1, 2, 3, 4, 5) + (
+        (6,) if gate_how == "owned" else ())
 
 
 def sparse_run(args, q, use_prefill_config, out, implementation=None):
@@ -194,8 +206,8 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     gate = output_gate.view_as(q)
     if not q.shape[0]:
         return torch.empty_like(q) if out is None else out
-    args = sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
-                         scales)
+    args, _ = sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
+                            scales)
     return sparse_run(args, q, use_prefill_config, out, implementation)
 
 

@@ -251,6 +251,58 @@ class PersistentImports(BoundedEntries):
 PERSISTENT = PersistentImports()
 
 
+class ActivationImports(BoundedEntries):
+    """Imports of per-step activations (q, the gate), keyed on the memory view alone.
+
+    vLLM's q and gate are new tensor objects every step, usually at the same
+    addresses (torch's caching allocator). ``PersistentImports`` ties an entry to
+    the tensor object, so each step missed: two imports, two alias tensors, a new
+    entry, the previous step's entry dropped (its arrays deleted) and a call-cache
+    miss with the originals' checks -- measured on CPU about +160 µs per call, on
+    the H200 +320 µs (notes/shim.md, Session 7). Here the import does not own the
+    memory (``_private_api.unowned_view``), so an entry can outlive the tensor it
+    was made for without pinning anything, and it is served to any tensor with the
+    exact same view (data pointer, shape, strides, dtype, device). Why that is safe:
+
+    * Not stale: the array is the memory at that address, read when a call runs;
+      an entry is only used for a call whose argument covers exactly that memory and
+      keeps it alive until the call returns.
+    * Nothing pinned: freeing the user's tensor frees the memory at once; an evicted
+      entry's deletion frees nothing.
+    * Stream order: JAX's reads are ordered after torch's writes by the per-call
+      fence (fresh import or FFI wait), as for every cached import; torch's later
+      reuse of the memory on the current stream is ordered after JAX's reads by the
+      result's export (or the FFI signal), which every call makes before it returns.
+      As for torch's own kernels, a tensor used on another stream than the one it was
+      allocated on needs ``record_stream`` before it is freed.
+    """
+
+    def __init__(self, max_entries: int = 64):
+        super().__init__(max_entries)
+
+    def get(self, t: torch.Tensor, shape: tuple | None = None,
+            stride: tuple | None = None) -> jax.Array | None:
+        """The import of the view (``shape``, ``stride``; default ``t``'s) starting at
+        ``t``'s first element; None when unowned imports are unavailable."""
+        shape = tuple(t.shape) if shape is None else shape
+        stride = t.stride() if stride is None else stride
+        key = (t.data_ptr(), shape, stride, t.dtype, t.device)
+        array = self._entries.get(key)
+        if array is not None:
+            self.hits += 1
+            return array
+        view = _private_api.unowned_view(t, shape, stride)
+        if view is None:
+            return None
+        self.misses += 1
+        array = to_jax(view, ordered=False)  # ordered by the call's fence, as in PersistentImports
+        self._store(key, array)
+        return array
+
+
+ACTIVATIONS = ActivationImports()
+
+
 # Caches holding imports made here (``_call_cache``), cleared with this one.
 DEPENDENT_CACHES: list = []
 
@@ -258,6 +310,7 @@ DEPENDENT_CACHES: list = []
 def clear_import_cache() -> None:
     """Forget every cached import (releases the storage references they hold)."""
     PERSISTENT.clear()
+    ACTIVATIONS.clear()
     for cache in DEPENDENT_CACHES:
         cache.clear()
 
@@ -296,19 +349,34 @@ def strided_query_geometry(q: torch.Tensor) -> tuple[int, int, int] | None:
     return n, row_stride, head_stride
 
 
+def import_activation(t: torch.Tensor, name: str):
+    """(JAX array, how) for a per-step activation: how is "unowned" (``ACTIVATIONS``:
+    valid for any tensor with this memory view), "owned" (``PERSISTENT``: valid while
+    ``t``'s root lives) or "copied" (a fresh compact copy: valid for this call only)."""
+    if not is_importable(t):
+        return import_arg(t, name), "copied"
+    array = ACTIVATIONS.get(t)
+    if array is not None:
+        return array, "unowned"
+    return import_arg(t, name), "owned"
+
+
 def import_query(q: torch.Tensor):
-    """q for ``qsa_jax.sparse_attention``: the (cached) import of a compact q, or of
-    the storage rows a strided q lives in, as a ``StridedQuery`` (no copy). Anything
-    else is copied with ``ShimCopyWarning``."""
+    """(q for ``qsa_jax.sparse_attention``, how: see ``import_activation``): the import of
+    a compact q, or of the storage rows a strided q lives in, as a ``StridedQuery`` (no
+    copy). Anything else is copied with ``ShimCopyWarning``."""
     if is_importable(q):
-        return import_arg(q, "q")
+        return import_activation(q, "q")
     geometry = strided_query_geometry(q)
     if geometry is None or not is_aligned(q):
-        return import_arg(q, "q")  # copies, and says why
+        return import_arg(q, "q"), "copied"  # copies, and says why
     n, row_stride, head_stride = geometry
     d = q.shape[2]
-    table = PERSISTENT.get((q,), q, lambda: alias(q, (n, d), (d, 1)))
-    return StridedQuery(table, q.shape[0], q.shape[1], row_stride, head_stride)
+    table = ACTIVATIONS.get(q, (n, d), (d, 1))
+    how = "unowned"
+    if table is None:
+        table, how = PERSISTENT.get((q,), q, lambda: alias(q, (n, d), (d, 1))), "owned"
+    return StridedQuery(table, q.shape[0], q.shape[1], row_stride, head_stride), how
 
 
 _FENCES: dict[torch.device, torch.Tensor] = {}

@@ -20,7 +20,10 @@ torch 2.11-2.14):
 * ``torch._C._cuda_getCurrentRawStream``: the current stream's handle, to skip
   the stream handshake when torch and JAX already share a stream, and to record
   the FFI fence's event on it (``_ffi_fence``);
-* ``Tensor._base``: the root of a view, whose lifetime bounds a cached import.
+* ``Tensor._base``: the root of a view, whose lifetime bounds a cached import;
+* ``torch._C._construct_storage_from_data_pointer``: a storage over memory it does
+  not own (``unowned_view``), for the imports of per-step activations that must
+  not keep the user's memory alive (``_interop.ActivationImports``).
 
 If one of them moves, every import still works through the public route,
 more slowly. ``PATHS`` counts which route each import and export took and keeps
@@ -228,6 +231,20 @@ def current_raw_stream(index: int) -> int:
         return torch._C._cuda_getCurrentRawStream(index)
     except _API_ERRORS:  # another torch: the public (slower) route
         return torch.cuda.current_stream(index).cuda_stream
+
+
+def unowned_view(t: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tensor | None:
+    """A tensor with ``shape``/``stride`` starting at ``t``'s first element whose storage
+    does not own the memory (freeing it is a no-op), or None when this torch lacks the
+    internal (then the caller takes the owning route)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+    try:
+        storage = torch._C._construct_storage_from_data_pointer(
+            t.data_ptr(), t.device, span * t.element_size())
+    except _API_ERRORS as exc:
+        PATHS.last_reason = f"unowned view: {type(exc).__name__}: {exc}"
+        return None
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(storage, 0, shape, stride)
 
 
 def view_root(t: torch.Tensor) -> torch.Tensor:

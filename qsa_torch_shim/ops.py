@@ -75,9 +75,10 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
                                       token_to_req, use_prefill_config, out, output_gate,
                                       implementation, scales)
     output_gate.view_as(q)  # the originals' RuntimeError for a gate of another size
-    args = _eager.sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                                output_gate, scales)
-    _call_cache.SPARSE_CALLS.put(key, tensors, scales, args)
+    args, checked = _eager.sparse_inputs(q, k_cache, v_cache, logical_indices, block_table,
+                                         token_to_req, output_gate, scales)
+    if checked is not None:
+        _call_cache.SPARSE_CALLS.put(key, tensors, checked, scales, args)
     return _eager.sparse_run(args, q, use_prefill_config, out, implementation)
 
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 import warnings
 
 import pytest
@@ -93,6 +94,89 @@ def test_repeated_call_skips_checks_and_imports(case, monkeypatch):
     assert torch.equal(_bits(got), _bits(first))
 
 
+def _twin(t):
+    """A new tensor object (its own root) on ``t``'s memory: a fresh activation."""
+    return torch.empty((0,), dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(),
+                                                 t.shape, t.stride())
+
+
+def test_fresh_activations_reuse_the_call_and_its_imports(case, monkeypatch):
+    """vLLM's q and gate are new tensor objects each step, at the same addresses: such a
+    call is a call-cache hit that imports nothing, checks nothing and hands jit the same
+    arrays (no retrace: the jitted call's cache size stays); it reads the new tensors'
+    data; q's and the gate's imports never pin memory."""
+    args, gate = case
+    q = args[0]
+    out = _poisoned_out(q)
+    first = S.qsa_sparse_paged_attention(_twin(q), *args[1:], out, output_gate=_twin(gate)).clone()
+    gc.collect()
+    assert len(I.PERSISTENT) == 4  # fused KV, 3 metadata buffers: q and the gate are not pinned
+    assert len(I.ACTIVATIONS) == 2
+    imports = I.ACTIVATIONS.misses + I.PERSISTENT.misses
+    from qsa_torch_shim import _jax_side as J
+    traces = J.sparse_new._cache_size()
+    hits = _call_cache.SPARSE_CALLS.hits
+
+    def refuse(*a, **k):
+        raise AssertionError("a fresh activation's call checked or imported again")
+
+    monkeypatch.setattr(_checks, "check_sparse", refuse)
+    monkeypatch.setattr(I, "to_jax", refuse)
+    monkeypatch.setattr(I, "import_arg", refuse)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        got = S.qsa_sparse_paged_attention(_twin(q), *args[1:], out, output_gate=_twin(gate))
+        assert torch.equal(_bits(got), _bits(first))
+    assert _call_cache.SPARSE_CALLS.hits == hits + 3
+    assert I.ACTIVATIONS.misses + I.PERSISTENT.misses == imports
+    assert J.sparse_new._cache_size() == traces
+    monkeypatch.undo()
+    # A new q at the same address with other data: the hit reads the new data.
+    q2 = _twin(q).copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(5)))
+    got = S.qsa_sparse_paged_attention(q2, *args[1:], output_gate=_twin(gate)).clone()
+    I.clear_import_cache()
+    want = S.qsa_sparse_paged_attention(q2.clone(), *args[1:], output_gate=gate.clone())
+    assert torch.equal(_bits(got), _bits(want)) and not torch.equal(_bits(got), _bits(first))
+
+
+def test_activation_imports_own_no_memory():
+    """Freeing a tensor whose import is cached frees its memory: the import holds no
+    reference to it, while the entry stays (it is keyed on the view)."""
+    I.clear_import_cache()
+    memory = bytearray(1 << 16)  # torch's storage over it holds a reference to it
+    unreferenced = sys.getrefcount(memory)
+    q = torch.frombuffer(memory, dtype=torch.float32)
+    q = q[(-q.data_ptr() % 64) // 4:][:1024]  # JAX's CPU import aliases 64-byte aligned data
+    q.copy_(torch.randn(q.shape))
+    array = I.ACTIVATIONS.get(q)
+    assert array.unsafe_buffer_pointer() == q.data_ptr()
+    assert (array == q.numpy()).all()
+    del q, array
+    gc.collect()
+    assert sys.getrefcount(memory) == unreferenced, "the cached import keeps the memory alive"
+    assert len(I.ACTIVATIONS) == 1
+    I.clear_import_cache()
+
+
+def test_copied_arguments_are_not_cached(case):
+    """An argument JAX cannot alias (here a misaligned q) is copied for the call; the copy
+    is that call's data, so a repeated call with the same tensor, written in place since,
+    must copy again rather than reuse the old copy."""
+    args, gate = case
+    q = args[0]
+    buf = torch.empty(q.numel() + 32, dtype=q.dtype)
+    shifted = buf[1:1 + q.numel()].view(q.shape).copy_(q)
+    assert shifted.data_ptr() % 64
+    with pytest.warns(S.ShimCopyWarning, match="aligned"):
+        first = S.qsa_sparse_paged_attention(shifted, *args[1:], output_gate=gate).clone()
+    shifted.mul_(-0.5)
+    with pytest.warns(S.ShimCopyWarning, match="aligned"):
+        got = S.qsa_sparse_paged_attention(shifted, *args[1:], output_gate=gate)
+    want = S.qsa_sparse_paged_attention(shifted.clone(), *args[1:], output_gate=gate)
+    assert not torch.equal(_bits(got), _bits(first)), "a stale copy of q was reused"
+    assert torch.equal(_bits(got), _bits(want))
+
+
 def test_call_cache_misses_what_the_checks_or_imports_depend_on(case):
     args, gate = case
     S.qsa_sparse_paged_attention(*args, output_gate=gate)
@@ -101,13 +185,13 @@ def test_call_cache_misses_what_the_checks_or_imports_depend_on(case):
     with pytest.raises(AssertionError, match="token_to_req"):
         S.qsa_sparse_paged_attention(q, k, v, li, bt, t2r.view(torch.float32), flag,
                                      output_gate=gate)
-    # Another root tensor object at the very same memory: a miss (an import is only
-    # valid while the tensor it was made for lives), and the same answer.
-    twin = torch.empty((0,), dtype=q.dtype).set_(q.untyped_storage(), q.storage_offset(),
-                                                 q.shape, q.stride())
+    # Another root tensor object at the very same memory as an argument whose import owns
+    # it (the metadata, the KV cache): a miss (that import is only valid while the tensor
+    # it was made for lives), and the same answer. (q and the gate: the next test.)
+    twin = _twin(bt)
     misses = _call_cache.SPARSE_CALLS.misses
     want = S.qsa_sparse_paged_attention(*args, output_gate=gate).clone()
-    got = S.qsa_sparse_paged_attention(twin, k, v, li, bt, t2r, flag, output_gate=gate)
+    got = S.qsa_sparse_paged_attention(q, k, v, li, twin, t2r, flag, output_gate=gate)
     assert _call_cache.SPARSE_CALLS.misses == misses + 1
     assert torch.equal(_bits(got), _bits(want))
     # A scale that hashes by identity is never a key.

@@ -37,20 +37,27 @@ from qsa_torch_shim import _jax_side as J  # noqa: E402
 from qsa_torch_shim import ops as O  # noqa: E402
 
 
+# Without a GPU (a CPU check of this script and of the shim's host path): CPU tensors, JAX's
+# CPU backend, a small pool; the CPU computation then waits inside the export.
+_GPU = torch.cuda.is_available()
+_sync = torch.cuda.synchronize if _GPU else (lambda: None)
+_POOL = {} if _GPU else {"nb": 8, "w": 63, "dev": "cpu"}
+
+
 def per_call_us(fn, n=300, sync=False):
     """Median over 5 runs of ``n`` calls (after 20 warm-up calls) of µs per call."""
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     samples = []
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
             if sync:
-                torch.cuda.synchronize()
+                _sync()
         samples.append((time.perf_counter() - t0) / n * 1e6)
-    torch.cuda.synchronize()
+    _sync()
     return statistics.median(samples)
 
 
@@ -87,7 +94,7 @@ def grid(tp: str, row_counts: list[int]) -> None:
     try:
         from qsa_testing import originals
 
-        orig = originals.load()
+        orig = originals.load() if _GPU else None  # Triton kernels: no CPU launch
     except Exception as exc:  # noqa: BLE001
         print("original not loadable:", exc)
         orig = None
@@ -107,7 +114,7 @@ def grid(tp: str, row_counts: list[int]) -> None:
     print("|" + "---|" * (2 + len(cols) + len(ratios_of)))
     worst: dict[str, float] = {}
     for rows in row_counts:
-        kv, args, gate = _inputs(g, rows, kv)
+        kv, args, gate = _inputs(g, rows, kv, **_POOL)
         q, rest = args[0], args[1:]
         n = 300 if rows <= 64 else 40
         calls = {
@@ -158,7 +165,7 @@ def main():
         grid(a.tp, [int(r) for r in a.grid.split(",")])
         return
     g = arg_specs.GEOMETRIES[a.tp]
-    kv, args, gate = _inputs(g, a.rows)
+    kv, args, gate = _inputs(g, a.rows, **_POOL)
     q, k, v, li, bt, t2r, _, out = args
     d, hk, h, dev = g.head_dim, g.num_kv_heads, g.num_query_heads, q.device
     shim = lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate)  # noqa: E731
@@ -178,7 +185,7 @@ def main():
         S.set_stream_fence(fence)
         F.FENCE.reset()
         shim()
-        torch.cuda.synchronize()
+        _sync()
         if fence != "import" and not F.FENCE.ffi:
             print("FFI fence unavailable, the import ran:", F.FENCE.reason)
             continue
@@ -191,6 +198,21 @@ def main():
                   f"(handled {F.FENCE.handled}, exports replaced by the signal "
                   f"{F.FENCE.signalled}, pending {F.pending()})")
     S.set_stream_fence("import")
+    # vLLM's activations: q and the gate are new tensor objects every step (same memory).
+    shim_fresh = lambda: S.qsa_sparse_paged_attention(  # noqa: E731
+        _new_root(q), *args[1:], output_gate=_new_root(gate))
+    from qsa_torch_shim import _call_cache as CC
+
+    calls_before = (CC.SPARSE_CALLS.hits, CC.SPARSE_CALLS.misses, I.ACTIVATIONS.misses)
+    rows.append(("shim eager, out=, new q+gate objects (call + sync)", per_call_us(shim_fresh, sync=True)))
+    rows.append(("shim host, out=, new q+gate objects (no sync)", per_call_us(shim_fresh)))
+    print("new q+gate objects: call cache hits %d, misses %d; activation imports %d "
+          "(expected: all hits after the first call, no new imports)" % tuple(
+              now - before for now, before in zip(
+                  (CC.SPARSE_CALLS.hits, CC.SPARSE_CALLS.misses, I.ACTIVATIONS.misses), calls_before)))
+    rows.append(("  _new_root(q), _new_root(gate) (the benchmark's own cost)", per_call_us(
+        lambda: (_new_root(q), _new_root(gate)))))
+    rows.append(("  ACTIVATIONS.get(q) (unowned import, cached)", per_call_us(lambda: I.ACTIVATIONS.get(q))))
     small = torch.zeros((8,), device=dev, dtype=torch.int32)
     import jax
 
@@ -212,8 +234,6 @@ def main():
         lambda: J.sparse_into(I.to_jax(out), *jargs, use_prefill_config=False, implementation=None))))
     rows.append(("  to_torch(result) (public torch.from_dlpack)", per_call_us(lambda: I.to_torch(res[0]))))
     rows.append(("  to_torch(result, q) (fast export, session 7)", per_call_us(lambda: I.to_torch(res[0], q))))
-    from qsa_torch_shim import _call_cache as CC
-
     key_args = (q, k, v, li, bt, t2r, out, gate, None, None, "0.34")
     tensors = (q, k, v, li, bt, t2r, gate)
     rows.append(("  call cache: key + lookup (replaces checks + imports)", per_call_us(
@@ -233,8 +253,10 @@ def main():
         rows.append(("  jitted call + FFI wait + to_torch of its result", per_call_us(
             lambda: I.to_torch(ffi_call()[0]))))
         # Mode "ffi-signal" checks the result's pointer instead of exporting it: does that
-        # wait for the launch (or the computation)?
-        rows.append(("  jitted call + FFI wait + unsafe_buffer_pointer()", per_call_us(
+        # wait for the launch (or the computation)? Not on CPU: there the handler runs on
+        # XLA's worker thread and this call waits for the computation holding the GIL the
+        # handler needs (a deadlock; the shim itself calls it only after ``await_signal``).
+        _GPU and rows.append(("  jitted call + FFI wait + unsafe_buffer_pointer()", per_call_us(
             lambda: ffi_call()[0].unsafe_buffer_pointer())))
 
         def push_alone():  # record + queue, then take it back as the handler would
@@ -253,7 +275,7 @@ def main():
                                         implementation=None)[0]))))
     qkv = torch.randn((a.rows, (h + 2 * hk) * d), device=dev).to(torch.bfloat16)
     q_view = qkv[:, :h * d].view(a.rows, h, d)
-    rows.append(("  import_query(strided q of qkv) (cached)", per_call_us(lambda: I.import_query(q_view))))
+    rows.append(("  import_query(strided q of qkv) (cached)", per_call_us(lambda: I.import_query(q_view)[0])))
     rows.append(("shim host, q a view of qkv (no sync)", per_call_us(
         lambda: S.qsa_sparse_paged_attention(q_view, k, v, li, bt, t2r, False, out, output_gate=gate))))
     rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res[0]).data_ptr())))
@@ -263,7 +285,7 @@ def main():
         prof.enable()
         for _ in range(300):
             shim()
-        torch.cuda.synchronize()
+        _sync()
         prof.disable()
         print(f"\n--- cProfile, {fence} fence, 300 calls with out=")
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
