@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--knob", action="append", default=[], help="qsa_jax.config function(s) to switch on, A+B")
     ap.add_argument("--n-sets", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--impl", default="pallas", choices=("pallas", "triton"),
+                    help="implementation of the 'table' variant (explicit tilings are Pallas)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
@@ -78,7 +80,7 @@ def main() -> int:
 
         def chain(q, kv, idx_sets, bt, t2r, gate):
             return sequential_calls(lambda i: qsa_jax.sparse_attention(
-                q, kv, i, bt, t2r, gate, implementation="pallas", **scales), idx_sets)
+                q, kv, i, bt, t2r, gate, implementation=a.impl, **scales), idx_sets)
         return jax.jit(chain)
 
     def traced(run, wait):
@@ -100,7 +102,7 @@ def main() -> int:
                   f"{orig and round(orig['busy_us'], 1)} us", flush=True)
             for v in variants:
                 outs = {}
-                key = "table" if v is None else v.key()
+                key = f"table({a.impl})" if v is None else v.key()
                 for knob_set in knob_sets:
                     knob = "+".join(knob_set) or "off"
                     for name in knobs:
