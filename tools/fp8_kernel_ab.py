@@ -37,7 +37,7 @@ def main() -> int:
     ap.add_argument("--n-sets", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--impl", default="pallas", choices=("pallas", "triton"),
-                    help="implementation of the 'table' variant (explicit tilings are Pallas)")
+                    help="implementation timed; a jax-triton spec may add a 5th field, the merge's D chunk")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
@@ -57,12 +57,16 @@ def main() -> int:
         geo = inputs.geometry(name, cpu=False, pool_gb=2.0)
         pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=True)
     variants = []
+    merge_d = {}  # variant key -> the jax-triton merge's D chunk (5th field of a spec)
     for spec in a.configs.split(","):
         if spec == "table":
             variants.append(None)
             continue
-        bn, splits, warps, stages = (int(x) for x in spec.split("/"))
-        variants.append(hs.Variant(block_n=bn, splits=splits, warps=warps, stages=stages))
+        fields = [int(x) for x in spec.split("/")]
+        v = hs.Variant(block_n=fields[0], splits=fields[1], warps=fields[2], stages=fields[3])
+        if len(fields) > 4:
+            merge_d[spec] = fields[4]
+        variants.append((spec, v))
     knob_sets = [()] + [tuple(k.split("+")) for k in a.knob]
     knobs = sorted({name for ks in knob_sets for name in ks})
     for name in knobs:
@@ -83,6 +87,20 @@ def main() -> int:
                 q, kv, i, bt, t2r, gate, implementation=a.impl, **scales), idx_sets)
         return jax.jit(chain)
 
+    def triton_fn(case, spec, v):
+        """N sequential public jax-triton calls at ``v``'s tiling, stages and merge chunk."""
+        import qsa_jax
+        from bench.timing import sequential_calls
+
+        cfg = (v.block_n, v.warps, -(-case.width // v.block_n), v.splits)
+        launch = qsa_jax.TritonLaunch(num_stages=v.stages, merge_block_d=merge_d.get(spec))
+        scales = dict(zip(("k_scale", "v_scale"), case.scales))
+
+        def chain(q, kv, idx_sets, bt, t2r, gate):
+            return sequential_calls(lambda i: qsa_jax.sparse_attention(
+                q, kv, i, bt, t2r, gate, config=cfg, implementation="triton", launch=launch, **scales), idx_sets)
+        return jax.jit(chain)
+
     def traced(run, wait):
         s = kernel_trace.trace_runs(run, runs=a.runs, calls_per_run=a.n_sets, wait=wait)
         return None if s is None else dict(busy_us=s.busy_us_per_call, by_kernel=s.mean_us_by_kernel)
@@ -97,19 +115,22 @@ def main() -> int:
             torch.cuda.synchronize()
             orig = traced(run, lambda _: torch.cuda.synchronize())
             line = dict(programs=programs, geometry=geo_name, rows=rows,
-                        original_config=case.original_config("0.34.0", False), original=orig, pallas=[])
+                        original_config=case.original_config("0.34.0", False), original=orig, runs=[])
             print(f"{geo_name} {programs} programs: 0.34.0 {case.original_config('0.34.0', False)} "
                   f"{orig and round(orig['busy_us'], 1)} us", flush=True)
-            for v in variants:
+            for entry in variants:
+                spec, v = (None, None) if entry is None else entry
                 outs = {}
-                key = f"table({a.impl})" if v is None else v.key()
+                key = f"table({a.impl})" if v is None else f"{a.impl} {spec}"
                 for knob_set in knob_sets:
                     knob = "+".join(knob_set) or "off"
                     for name in knobs:
                         setattr(config, name, lambda *args, _k=name in knob_set, **kw: _k)
                     jitted_call.clear_cache()  # the knobs are read while the call is traced
                     try:
-                        fn = (table_fn(case) if v is None else hs.build_fn(case, v)).lower(*case.args).compile()
+                        build = (table_fn(case) if v is None else
+                                 triton_fn(case, spec, v) if a.impl == "triton" else hs.build_fn(case, v))
+                        fn = build.lower(*case.args).compile()
                     finally:
                         for name, f in saved.items():
                             setattr(config, name, f)
@@ -117,13 +138,13 @@ def main() -> int:
                     outs[knob] = np.asarray(jax.device_get(out))
                     got = torch.from_dlpack(out)[: case.exact_rows]
                     t = traced(lambda fn=fn: fn(*case.args), jax.block_until_ready)
-                    rec = dict(variant=key if v is None else dataclasses.asdict(v), knob=knob, timing=t,
+                    rec = dict(variant=key if v is None else dict(dataclasses.asdict(v), spec=spec), knob=knob, timing=t,
                                err_exact=hs.rel_err(got, case.exact))
-                    line["pallas"].append(rec)
+                    line["runs"].append(rec)
                     kernels = ", ".join(f"{n[:40]} {us:.1f}" for n, us in sorted((t or {}).get("by_kernel", {}).items(),
                                                                                   key=lambda kv: -kv[1]))
                     ratio = t["busy_us"] / orig["busy_us"] if t and orig else float("nan")
-                    print(f"  pallas {key} knob={knob}: {t and round(t['busy_us'], 1)} us ({ratio:.2f}x) "
+                    print(f"  {key} knob={knob}: {t and round(t['busy_us'], 1)} us ({ratio:.2f}x) "
                           f"err {rec['err_exact']:.3e} [{kernels}]", flush=True)
                 for knob in list(outs)[1:]:
                     same = outs[knob].tobytes() == outs["off"].tobytes()
