@@ -4,8 +4,9 @@ Every operator offers up to three implementations of the same function:
 ``"pallas"`` (Pallas kernels; Triton lowering on GPU, the interpreter on CPU),
 ``"triton"`` (the project's Triton kernels through jax-triton) and ``"xla"``
 (plain jnp/lax, runs anywhere). ``implementation=None`` takes the first one
-that can run here, in ``DEFAULT_ORDER``; naming one that cannot run raises
-``NotImplementedError`` saying why.
+that can run here, in ``DEFAULT_ORDER`` unless the operator's config prefers
+another order for the problem (``config.sparse_attention_order``: an fp8 cache on
+Hopper); naming one that cannot run raises ``NotImplementedError`` saying why.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ class Registry:
     def run(self, name: str):
         return self.module(name).run
 
-    def choose(self, requested: str | None) -> str:
-        """Name of the implementation to run (see the module docstring)."""
+    def choose(self, requested: str | None, order: tuple[str, ...] | None = None) -> str:
+        """Name of the implementation to run (see the module docstring); ``order``
+        replaces ``DEFAULT_ORDER`` for ``requested=None`` (a per-problem preference)."""
         if requested is not None:
             if requested not in IMPLEMENTATIONS:
                 raise ValueError(
@@ -68,7 +70,7 @@ class Registry:
             if reason is not None:
                 raise NotImplementedError(f"{self.op}: implementation {requested!r} cannot run here: {reason}")
             return requested
-        for name in DEFAULT_ORDER[backend()]:
+        for name in DEFAULT_ORDER[backend()] if order is None else order:
             if self.why_not(name) is None:
                 return name
         raise NotImplementedError(f"{self.op}: no implementation can run on backend {jax.default_backend()!r}")

@@ -420,7 +420,7 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
       ``PALLAS_NUM_STAGES``.
     Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton
     kernel's helped at 32-64 rows and hurt at BN 64 with several splits, notes/triton.md).
-    The merge's D chunk: ``pallas_merge_block_d``; with ``merge="fused"``
+    The merge's D chunk: ``merge_block_d``; with ``merge="fused"``
     ``pallas_fused_merge_block_d`` unless the override sets it.
     """
     cfg = problem.config
@@ -431,7 +431,7 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
         warps = 2 if cfg.num_warps == 1 else cfg.num_warps
     default = PallasLaunch(
         num_warps=warps, num_stages=stages, prefetch=False,
-        merge_block_d=pallas_merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
+        merge_block_d=merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
         merge_warps=PALLAS_MERGE_WARPS, merge="separate")
     launch = _with_override(default, problem.launch)
     if launch.merge == "fused" and (problem.launch is None or problem.launch.merge_block_d is None):
@@ -448,10 +448,35 @@ def triton_tiling(problem: "SparseAttentionProblem") -> SparseAttentionConfig:
     return tune_config_for_hopper(problem.config, problem.num_rows, problem.num_kv_heads)
 
 
+def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementation: str | None = None
+                           ) -> tuple[str, ...]:
+    """The implementations ``sparse_attention(implementation=None)`` tries, in order.
+
+    The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
+    for an fp8 cache on Hopper, where the jax-triton kernels come first. Measured on the
+    H200 (busy time per call, TP1/TP4, 256-2048 programs, same run as vLLM 0.34.0;
+    notes/pallas.md "Session 8"): the Pallas fp8 kernel takes 1.22-1.41x 0.34.0's time at
+    its best tiling, the jax-triton kernel 0.99-1.04x. Same tiling, same Triton dialect;
+    the difference is the compiler: XLA's bundled Triton addresses each async copy's shared-
+    memory destination with an XOR of a constant, so the 48 destinations of a one-warp tile
+    each take a register, spill, and are reloaded before every copy (Nsight Compute: 7x the
+    local loads of 0.34.0's kernel, 46% of stall samples long-scoreboard waits); Triton 3.6,
+    which compiles the jax-triton kernels (and 0.34.0's), folds them into base + immediate.
+    A ``launch=`` record's implementation goes first (it names the implementation it is for).
+    """
+    from qsa_jax._implementations import DEFAULT_ORDER, backend
+
+    order = DEFAULT_ORDER[backend()]
+    if problem.is_fp8 and backend() == "gpu" and running_on_hopper():
+        order = ("triton",) + tuple(n for n in order if n != "triton")
+    if launch_implementation in order:
+        order = (launch_implementation,) + tuple(n for n in order if n != launch_implementation)
+    return order
+
+
 # jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2
-# at every shape; the merge splits D in 64-wide chunks for more programs at tiny batches.
+# at every shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does.
 TRITON_NUM_STAGES = 2
-TRITON_MERGE_BLOCK_D = 64
 TRITON_MERGE_WARPS = 4
 
 
@@ -466,7 +491,8 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     default = TritonLaunch(
         num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
         prefetch=not (cfg.block_n >= 64 and cfg.num_splits > 1),
-        merge_block_d=min(problem.head_dim, TRITON_MERGE_BLOCK_D), merge_warps=TRITON_MERGE_WARPS)
+        merge_block_d=merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
+        merge_warps=TRITON_MERGE_WARPS)
     return _with_override(default, problem.launch)
 
 
@@ -536,8 +562,9 @@ MERGE_SMALL_BATCH_BLOCK_D = 64
 MERGE_SPLIT_D_MAX_PAIRS = 256
 
 
-def pallas_merge_block_d(pairs: int, head_dim: int) -> int:
-    """D columns per program of the Pallas split merge, for ``pairs`` = rows x heads.
+def merge_block_d(pairs: int, head_dim: int) -> int:
+    """D columns per program of the split merge (Pallas and jax-triton), for ``pairs`` =
+    rows x heads.
 
     The same arithmetic for every element, but on the GPU the sum over splits can
     associate differently with another block shape (last-bit differences before the
@@ -548,7 +575,10 @@ def pallas_merge_block_d(pairs: int, head_dim: int) -> int:
     Pallas merge at 3.6-4.0 µs per call at 1 row against 2.0-2.3 µs for the jax-triton
     merge, which splits D in 64-wide chunks. With many pairs the chunks only add
     programs (the jax-triton merge was 2.7x slower than the Pallas one at 64 rows,
-    TP1), so D stays whole there.
+    TP1), so D stays whole there. The jax-triton merge had kept its 64 everywhere: on the
+    H200 with an fp8 cache (2026-12-03, `bench/results/nvidia-h200_2026-12-03/session8/`)
+    D whole cut it from 23.3 to 9.6 µs at 256 programs (TP1, 8 splits) and from 52.2 to 24.3
+    µs at 1024 (4 splits); it now follows this rule too.
     """
     if pairs <= MERGE_SPLIT_D_MAX_PAIRS and head_dim % MERGE_SMALL_BATCH_BLOCK_D == 0:
         return min(head_dim, MERGE_SMALL_BATCH_BLOCK_D)

@@ -98,3 +98,58 @@ def test_a_shard_keeps_the_launch():
     shard = problem.for_shard(4, 12, 1)
     assert shard.launch == knobs and shard.num_rows == 4
     assert qsa_jax.config.pallas_launch(shard).merge_block_d == 128
+
+
+def _problem(rows, kv_dtype, launch=None):
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+
+    s = jax.ShapeDtypeStruct
+    q = s((rows, 24, 256), jnp.bfloat16)
+    fp8 = kv_dtype != jnp.bfloat16
+    return check_sparse_attention_args(
+        q, s((10, 2, 64, 512), kv_dtype), s((rows, 2052), jnp.int32), s((2, 64), jnp.int32),
+        s((rows,), jnp.int32), q, use_prefill_config=False, config=None,
+        scales_given=(fp8, fp8), launch=launch)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 512])
+def test_triton_merge_chunk_follows_the_shared_rule(rows):
+    """The jax-triton merge splits D only where the Pallas merge does (config.merge_block_d):
+    its fixed 64-wide chunks had made it 2.2-2.4x slower than D whole from 256 programs
+    (H200, session 8)."""
+    import jax.numpy as jnp
+
+    from qsa_jax import config
+
+    p = _problem(rows, jnp.bfloat16)
+    want = config.merge_block_d(rows * 24, 256)
+    assert config.triton_launch(p).merge_block_d == config.pallas_launch(p).merge_block_d == want
+    assert want == (64 if rows * 24 <= config.MERGE_SPLIT_D_MAX_PAIRS else 256)
+
+
+def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
+    """implementation=None: Pallas first on a GPU, except an fp8 cache on Hopper (jax-triton
+    first: the Pallas kernel spills under XLA's Triton there, notes/pallas.md "Session 8");
+    a launch= record's implementation first; the CPU order stays XLA only."""
+    import jax.numpy as jnp
+
+    from qsa_jax import _implementations, config
+
+    fp8, bf16 = _problem(64, jnp.float8_e4m3fn), _problem(64, jnp.bfloat16)
+    assert config.sparse_attention_order(fp8) == ("xla",)  # this CPU machine
+    monkeypatch.setattr(_implementations, "backend", lambda: "gpu")
+    for cap, fp8_first in (((9, 0), "triton"), ((10, 0), "pallas"), ((8, 9), "pallas")):
+        monkeypatch.setattr(config, "device_capability", lambda cap=cap: cap)
+        assert config.sparse_attention_order(fp8)[0] == fp8_first, cap
+        assert config.sparse_attention_order(bf16) == ("pallas", "triton", "xla"), cap
+        assert config.sparse_attention_order(fp8, "pallas")[0] == "pallas"
+        assert config.sparse_attention_order(bf16, "triton")[0] == "triton"
+        assert sorted(config.sparse_attention_order(fp8)) == ["pallas", "triton", "xla"]
+    # Registry.choose walks the given order, skipping what cannot run.
+    reg = _implementations.Registry("sparse_attention", "qsa_jax.ops.sparse_attention")
+    monkeypatch.setattr(reg, "why_not", lambda name: None if name != "triton" else "no jax-triton")
+    assert reg.choose(None, order=("triton", "pallas", "xla")) == "pallas"
+    assert reg.choose(None, order=("xla", "pallas")) == "xla"

@@ -109,11 +109,11 @@ def test_merge_block_d_is_bit_identical(block_d):
 
 
 def test_merge_block_d_heuristic_and_real_head_dim():
-    from qsa_jax.config import pallas_merge_block_d
+    from qsa_jax.config import merge_block_d
 
-    assert pallas_merge_block_d(24, 256) == 64  # TP1 decode: 4 programs per (row, head)
-    assert pallas_merge_block_d(64 * 24, 256) == 256  # many pairs: D whole
-    assert pallas_merge_block_d(8, 16) == 16  # D not a multiple of the chunk
+    assert merge_block_d(24, 256) == 64  # TP1 decode: 4 programs per (row, head)
+    assert merge_block_d(64 * 24, 256) == 256  # many pairs: D whole
+    assert merge_block_d(8, 16) == 16  # D not a multiple of the chunk
     # The chunked default path at the real D = 256 against the oracle (2 rows x 4 heads).
     case = _small_case(43, rows=2, heads=4, kv_heads=1, d=256, blocks=12, width=131, edge=False)
     cfg = SparseAttentionConfig(16, 4, 9, 4)

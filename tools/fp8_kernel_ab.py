@@ -36,8 +36,10 @@ def main() -> int:
     ap.add_argument("--knob", action="append", default=[], help="qsa_jax.config function(s) to switch on, A+B")
     ap.add_argument("--n-sets", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--impl", default="pallas", choices=("pallas", "triton"),
-                    help="implementation timed; a jax-triton spec may add a 5th field, the merge's D chunk")
+    ap.add_argument("--impl", default="pallas", choices=("pallas", "triton", "auto"),
+                    help="implementation timed ('auto': implementation=None, the library's choice; "
+                         "explicit tilings: pallas or triton); a jax-triton spec may add a 5th and "
+                         "6th field, the merge's D chunk and warps")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
@@ -65,7 +67,7 @@ def main() -> int:
         fields = [int(x) for x in spec.split("/")]
         v = hs.Variant(block_n=fields[0], splits=fields[1], warps=fields[2], stages=fields[3])
         if len(fields) > 4:
-            merge_d[spec] = fields[4]
+            merge_d[spec] = tuple(fields[4:6])
         variants.append((spec, v))
     knob_sets = [()] + [tuple(k.split("+")) for k in a.knob]
     knobs = sorted({name for ks in knob_sets for name in ks})
@@ -84,7 +86,8 @@ def main() -> int:
 
         def chain(q, kv, idx_sets, bt, t2r, gate):
             return sequential_calls(lambda i: qsa_jax.sparse_attention(
-                q, kv, i, bt, t2r, gate, implementation=a.impl, **scales), idx_sets)
+                q, kv, i, bt, t2r, gate, implementation=None if a.impl == "auto" else a.impl,
+                **scales), idx_sets)
         return jax.jit(chain)
 
     def triton_fn(case, spec, v):
@@ -93,7 +96,8 @@ def main() -> int:
         from bench.timing import sequential_calls
 
         cfg = (v.block_n, v.warps, -(-case.width // v.block_n), v.splits)
-        launch = qsa_jax.TritonLaunch(num_stages=v.stages, merge_block_d=merge_d.get(spec))
+        merge = merge_d.get(spec, ()) + (None, None)
+        launch = qsa_jax.TritonLaunch(num_stages=v.stages, merge_block_d=merge[0], merge_warps=merge[1])
         scales = dict(zip(("k_scale", "v_scale"), case.scales))
 
         def chain(q, kv, idx_sets, bt, t2r, gate):

@@ -8,7 +8,7 @@ from typing import Sequence
 import jax
 
 from qsa_jax._implementations import REGISTRIES
-from qsa_jax.config import PallasLaunch, TritonLaunch, device_capability
+from qsa_jax.config import PallasLaunch, TritonLaunch, device_capability, sparse_attention_order
 from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.sparse_attention.backward import differentiable, forward_only
@@ -28,7 +28,8 @@ def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
     problem = check_sparse_attention_args(
         q, kv, logical_indices, block_table, token_to_req, output_gate,
         use_prefill_config=use_prefill_config, config=config, scales_given=scales_given, launch=launch)
-    name = _REGISTRY.choose(implementation)
+    name = _REGISTRY.choose(implementation, order=sparse_attention_order(
+        problem, None if launch is None else _LAUNCH_IMPLEMENTATION[type(launch)]))
     if launch is not None and _LAUNCH_IMPLEMENTATION[type(launch)] != name:
         raise ValueError(f"sparse_attention: launch={launch!r} is for implementation "
                          f"{_LAUNCH_IMPLEMENTATION[type(launch)]!r}, but this call runs {name!r}")
@@ -87,7 +88,9 @@ def sparse_attention(
       config: explicit ``(block_n, num_warps, num_tiles, num_splits)``
         overriding ``select_config``, or the name of one of its tables
         ("vllm-0.30", "vllm-0.34"; None: its default for this device and dtype).
-      implementation: "pallas", "triton", "xla" or None (first available).
+      implementation: "pallas", "triton", "xla" or None: the first that can run, in
+        ``config.sparse_attention_order`` (GPU: Pallas, then jax-triton, then XLA;
+        jax-triton first for an fp8 cache on Hopper, where it is the faster one).
       k_scale, v_scale: vLLM 0.34.0's per-layer dequantisation scales (floats > 0),
         required for an fp8 cache: scores use D^-0.5 * k_scale, the output is
         scaled by v_scale. They are kernel operands, not compile-time constants: a
