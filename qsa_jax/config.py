@@ -475,9 +475,12 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
 
 
 # jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2
-# at every shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does.
+# at every shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does,
+# on 4 warps for 64-wide chunks (decode, notes/triton.md) and 2 for D whole (H200, fp8,
+# TP1: 4.0 against 7.1 µs at 256 programs, 31.5 against 46.1 µs at 2048; session 8).
 TRITON_NUM_STAGES = 2
 TRITON_MERGE_WARPS = 4
+TRITON_MERGE_WARPS_WHOLE_D = 2
 
 
 def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
@@ -488,11 +491,12 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     on except for BN >= 64 with several splits.
     """
     cfg = triton_tiling(problem)
+    block_d = merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim)
     default = TritonLaunch(
         num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
         prefetch=not (cfg.block_n >= 64 and cfg.num_splits > 1),
-        merge_block_d=merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
-        merge_warps=TRITON_MERGE_WARPS)
+        merge_block_d=block_d,
+        merge_warps=TRITON_MERGE_WARPS_WHOLE_D if block_d == problem.head_dim else TRITON_MERGE_WARPS)
     return _with_override(default, problem.launch)
 
 

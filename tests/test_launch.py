@@ -128,6 +128,7 @@ def test_triton_merge_chunk_follows_the_shared_rule(rows):
     want = config.merge_block_d(rows * 24, 256)
     assert config.triton_launch(p).merge_block_d == config.pallas_launch(p).merge_block_d == want
     assert want == (64 if rows * 24 <= config.MERGE_SPLIT_D_MAX_PAIRS else 256)
+    assert config.triton_launch(p).merge_warps == (2 if want == 256 else 4)  # measured per chunk
 
 
 def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
