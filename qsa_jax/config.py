@@ -453,21 +453,23 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     """The implementations ``sparse_attention(implementation=None)`` tries, in order.
 
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
-    for an fp8 cache on Hopper, where the jax-triton kernels come first. Measured on the
-    H200 (busy time per call, TP1/TP4, 256-2048 programs, same run as vLLM 0.34.0;
-    notes/pallas.md "Session 8"): the Pallas fp8 kernel takes 1.22-1.41x 0.34.0's time at
-    its best tiling, the jax-triton kernel 0.99-1.04x. Same tiling, same Triton dialect;
-    the difference is the compiler: XLA's bundled Triton addresses each async copy's shared-
-    memory destination with an XOR of a constant, so the 48 destinations of a one-warp tile
-    each take a register, spill, and are reloaded before every copy (Nsight Compute: 7x the
-    local loads of 0.34.0's kernel, 46% of stall samples long-scoreboard waits); Triton 3.6,
-    which compiles the jax-triton kernels (and 0.34.0's), folds them into base + immediate.
+    for an fp8 cache on Hopper at a one-warp tiling (``H200_FP8`` at 256-4096 programs), where
+    the jax-triton kernels come first. Why (notes/pallas.md "Session 8"): at one warp the
+    Pallas fp8 kernel, compiled by XLA's bundled Triton, gives each of a tile's 48 async
+    copies its own shared-memory address register (XLA's lowering ends each address in an XOR
+    with a constant), spills them and reloads each before its copy: 7x 0.34.0's spill traffic,
+    46% of stall samples waiting on it. Triton 3.6, which compiles the jax-triton kernels (and
+    vLLM's), folds the addresses into base + immediate. Measured on the H200 against vLLM
+    0.34.0 (busy time per call, TP1/TP4, same run): Pallas 1.22-1.41x, jax-triton 0.97-1.00x at
+    256, 1024 and 2048 programs (512 and 4096 use the same one-warp tiling, not timed with
+    jax-triton). At 2+ warps (1-128 programs) the Pallas kernel does not spill and stays first.
     A ``launch=`` record's implementation goes first (it names the implementation it is for).
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend
 
     order = DEFAULT_ORDER[backend()]
-    if problem.is_fp8 and backend() == "gpu" and running_on_hopper():
+    if (problem.is_fp8 and problem.config.num_warps == 1 and backend() == "gpu"
+            and running_on_hopper()):
         order = ("triton",) + tuple(n for n in order if n != "triton")
     if launch_implementation in order:
         order = (launch_implementation,) + tuple(n for n in order if n != launch_implementation)

@@ -100,7 +100,7 @@ def test_a_shard_keeps_the_launch():
     assert qsa_jax.config.pallas_launch(shard).merge_block_d == 128
 
 
-def _problem(rows, kv_dtype, launch=None):
+def _problem(rows, kv_dtype, launch=None, config=None):
     import jax
     import jax.numpy as jnp
 
@@ -111,7 +111,7 @@ def _problem(rows, kv_dtype, launch=None):
     fp8 = kv_dtype != jnp.bfloat16
     return check_sparse_attention_args(
         q, s((10, 2, 64, 512), kv_dtype), s((rows, 2052), jnp.int32), s((2, 64), jnp.int32),
-        s((rows,), jnp.int32), q, use_prefill_config=False, config=None,
+        s((rows,), jnp.int32), q, use_prefill_config=False, config=config,
         scales_given=(fp8, fp8), launch=launch)
 
 
@@ -132,19 +132,23 @@ def test_triton_merge_chunk_follows_the_shared_rule(rows):
 
 
 def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
-    """implementation=None: Pallas first on a GPU, except an fp8 cache on Hopper (jax-triton
-    first: the Pallas kernel spills under XLA's Triton there, notes/pallas.md "Session 8");
-    a launch= record's implementation first; the CPU order stays XLA only."""
+    """implementation=None: Pallas first on a GPU, except an fp8 cache on Hopper at a one-warp
+    tiling (jax-triton first: the Pallas kernel spills there under XLA's Triton,
+    notes/pallas.md "Session 8"); a launch= record's implementation first; the CPU order
+    stays XLA only."""
     import jax.numpy as jnp
 
     from qsa_jax import _implementations, config
 
-    fp8, bf16 = _problem(64, jnp.float8_e4m3fn), _problem(64, jnp.bfloat16)
+    one_warp, two_warps = (32, 1, 65, 4), (32, 2, 65, 4)
+    fp8, bf16 = _problem(64, jnp.float8_e4m3fn, config=one_warp), _problem(64, jnp.bfloat16, config=one_warp)
+    fp8_two_warps = _problem(64, jnp.float8_e4m3fn, config=two_warps)
     assert config.sparse_attention_order(fp8) == ("xla",)  # this CPU machine
     monkeypatch.setattr(_implementations, "backend", lambda: "gpu")
     for cap, fp8_first in (((9, 0), "triton"), ((10, 0), "pallas"), ((8, 9), "pallas")):
         monkeypatch.setattr(config, "device_capability", lambda cap=cap: cap)
         assert config.sparse_attention_order(fp8)[0] == fp8_first, cap
+        assert config.sparse_attention_order(fp8_two_warps)[0] == "pallas", cap
         assert config.sparse_attention_order(bf16) == ("pallas", "triton", "xla"), cap
         assert config.sparse_attention_order(fp8, "pallas")[0] == "pallas"
         assert config.sparse_attention_order(bf16, "triton")[0] == "triton"
