@@ -21,7 +21,8 @@ if [ -z "${NO_PLANT:-}" ]; then
 fi
 for impl in ${IMPLS:-pallas triton}; do
   parts="sparse0 sparse1 sparse2 sparse3 indexer"
-  [ "$impl" = pallas ] && parts="$parts fp8 fused backward"  # Pallas-only parts (memcheck.py)
+  [ "$impl" = pallas ] && parts="$parts fp8 fused backward"  # extra parts (memcheck.py EXTRA_PART_IMPLS)
+  [ "$impl" = triton ] && parts="$parts fp8"
   for part in ${PARTS:-$parts}; do
     log="$OUT/memcheck_${impl}_${part}.log"
     timeout "${PART_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 3 \

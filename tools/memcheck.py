@@ -84,6 +84,9 @@ def _impls(op: str, only: str | None) -> list[str]:
 # caches with scales, the single-launch merge, and the Pallas backward (atomic adds into the
 # dK|dV accumulator: a stray address there writes, not just reads).
 EXTRA_PARTS = ("fp8", "fused", "backward")
+# fp8 also through jax-triton (the fp8 default on Hopper at one-warp tilings, session 8); the
+# fused merge and the backward exist in Pallas only.
+EXTRA_PART_IMPLS = {"fp8": ("pallas", "triton"), "fused": ("pallas",), "backward": ("pallas",)}
 EXTRA_SHAPES = (0, 2)
 
 
@@ -140,16 +143,18 @@ def _backward_agrees(case, args, impl) -> bool:
 
 def main(only: str | None = None, part: str | None = None) -> int:
     """``part``: None (everything), "sparse<i>" (shape i of SPARSE_SHAPES), "indexer", or one
-    of EXTRA_PARTS (Pallas only; shapes EXTRA_SHAPES, fused cache)."""
+    of EXTRA_PARTS (the implementations of EXTRA_PART_IMPLS; shapes EXTRA_SHAPES, fused cache)."""
     rng = np.random.default_rng(0)
     results = []
     for i, (rows, heads, kv_heads, width) in enumerate(SPARSE_SHAPES):
         case = adversarial_sparse_case(rng, rows, heads, kv_heads, 256, 16, width)
         if part in EXTRA_PARTS:
-            if i in EXTRA_SHAPES and only in (None, "pallas"):
+            if i in EXTRA_SHAPES:
                 args = (case.q, case.kv_cache, case.logical_indices, case.block_table,
                         case.token_to_req, case.output_gate)
-                _extra_part(part, case, "pallas", args, results, f"pallas rows={rows} W={width}")
+                for impl in _impls("sparse_attention", only):
+                    if impl in EXTRA_PART_IMPLS[part]:
+                        _extra_part(part, case, impl, args, results, f"{impl} rows={rows} W={width}")
             continue
         if part is not None and part != f"sparse{i}":
             continue  # (the case is still drawn: every part sees the same inputs)
