@@ -453,23 +453,26 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     """The implementations ``sparse_attention(implementation=None)`` tries, in order.
 
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
-    for an fp8 cache on Hopper at a one-warp tiling (``H200_FP8`` at 256-4096 programs), where
-    the jax-triton kernels come first. Why (notes/pallas.md "Session 8"): at one warp the
-    Pallas fp8 kernel, compiled by XLA's bundled Triton, gives each of a tile's 48 async
-    copies its own shared-memory address register (XLA's lowering ends each address in an XOR
-    with a constant), spills them and reloads each before its copy: 7x 0.34.0's spill traffic,
-    46% of stall samples waiting on it. Triton 3.6, which compiles the jax-triton kernels (and
+    for an fp8 cache on Hopper at a one-warp entry of the measured table (``H200_FP8`` above
+    128 programs, where Pallas launches the table's one warp), where the jax-triton kernels
+    come first. Why (notes/pallas.md "Session 8"): at one warp the Pallas fp8 kernel, compiled
+    by XLA's bundled Triton, gives each of a tile's 48 async copies its own shared-memory
+    address register (XLA's lowering ends each address in an XOR with a constant), spills them
+    and reloads each before its copy: 7x 0.34.0's spill traffic, a third of all stall samples
+    on copies waiting for the reloads. Triton 3.6, which compiles the jax-triton kernels (and
     vLLM's), folds the addresses into base + immediate. Measured on the H200 against vLLM
-    0.34.0 (busy time per call, TP1/TP4, same run): Pallas 1.22-1.41x, jax-triton 0.97-1.00x at
-    256, 1024 and 2048 programs (512 and 4096 use the same one-warp tiling, not timed with
-    jax-triton). At 2+ warps (1-128 programs) the Pallas kernel does not spill and stays first.
-    A ``launch=`` record's implementation goes first (it names the implementation it is for).
+    0.34.0 (busy time per call, TP1/TP4, each ratio within one process): Pallas 1.22-1.41x,
+    jax-triton 0.97-1.00x at 256, 1024 and 2048 programs (the other one-warp entries, 512 and
+    4096 programs and the prefill tiling, were not timed with jax-triton). Elsewhere -- 2+ warps
+    (1-128 programs), vLLM's tables or an explicit ``config=`` (not measured this way) -- Pallas
+    stays first. A ``launch=`` record's implementation goes first (it names the implementation
+    it is for).
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend
 
     order = DEFAULT_ORDER[backend()]
-    if (problem.is_fp8 and problem.config.num_warps == 1 and backend() == "gpu"
-            and running_on_hopper()):
+    measured_one_warp = problem.num_stages is not None and problem.config.num_warps == 1
+    if problem.is_fp8 and measured_one_warp and backend() == "gpu" and running_on_hopper():
         order = ("triton",) + tuple(n for n in order if n != "triton")
     if launch_implementation in order:
         order = (launch_implementation,) + tuple(n for n in order if n != launch_implementation)
@@ -478,8 +481,9 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
 
 # jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2
 # at every shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does,
-# on 4 warps for 64-wide chunks (decode, notes/triton.md) and 2 for D whole (H200, fp8,
-# TP1: 4.0 against 7.1 µs at 256 programs, 31.5 against 46.1 µs at 2048; session 8).
+# on 4 warps for 64-wide chunks (decode, notes/triton.md) and 2 above that (H200, fp8,
+# TP1: 4.0 against 7.1 µs at 256 programs, 31.5 against 46.1 µs at 2048; session 8; bf16 not
+# timed with it, its GPU parity passed).
 TRITON_NUM_STAGES = 2
 TRITON_MERGE_WARPS = 4
 TRITON_MERGE_WARPS_WHOLE_D = 2
@@ -493,12 +497,12 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     on except for BN >= 64 with several splits.
     """
     cfg = triton_tiling(problem)
-    block_d = merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim)
+    pairs = problem.num_rows * problem.num_query_heads
     default = TritonLaunch(
         num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
         prefetch=not (cfg.block_n >= 64 and cfg.num_splits > 1),
-        merge_block_d=block_d,
-        merge_warps=TRITON_MERGE_WARPS_WHOLE_D if block_d == problem.head_dim else TRITON_MERGE_WARPS)
+        merge_block_d=merge_block_d(pairs, problem.head_dim),
+        merge_warps=TRITON_MERGE_WARPS_WHOLE_D if pairs > MERGE_SPLIT_D_MAX_PAIRS else TRITON_MERGE_WARPS)
     return _with_override(default, problem.launch)
 
 

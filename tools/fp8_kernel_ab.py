@@ -1,7 +1,7 @@
 """Time the Pallas fp8 sparse-attention kernel against vLLM 0.34.0's at fixed tilings, kernel by kernel.
 
     python3 tools/fp8_kernel_ab.py [--programs 256,1024,2048] [--geometries TP1,TP4]
-        [--configs table,32/4/1/2] [--knob NAME[+NAME...]]... [--out DIR]
+        [--impl pallas|triton|auto] [--configs table,32/4/1/2] [--knob NAME[+NAME...]]... [--out DIR]
 
 Why (notes/pallas.md, session 7): the fp8 sweep compares each implementation at its own
 best tiling; to find *where* our kernel loses, this times both at the same tilings
@@ -13,7 +13,10 @@ call picks itself (``config.H200_FP8`` on an H200). Each ``--knob NAME`` (``A+B`
 together; the option repeats) adds a run of every Pallas config with those
 ``qsa_jax.config`` functions forced True and the other knobs named forced False, after
 the run with all of them False; each is checked bit for bit against that first run
-(the knobs' contract) besides its error from exact attention.
+(the knobs' contract) besides its error from exact attention. ``--impl`` (session 8): the
+implementation timed -- ``pallas`` (default), ``triton`` (jax-triton; a tiling may add the
+merge's D chunk and warps, ``32/4/1/2/256/2``) or ``auto`` (``table`` only:
+``implementation=None``, the library's own choice).
 Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
 """
 
@@ -53,11 +56,6 @@ def main() -> int:
     from qsa_jax.ops.sparse_attention.api import _run as jitted_call
     from qsa_testing import originals
 
-    mods = {"0.34.0": originals.load("0.34.0")}
-    pools = {}
-    for name in a.geometries.split(","):
-        geo = inputs.geometry(name, cpu=False, pool_gb=2.0)
-        pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=True)
     variants = []
     merge_d = {}  # variant key -> the jax-triton merge's D chunk (5th field of a spec)
     for spec in a.configs.split(","):
@@ -65,10 +63,18 @@ def main() -> int:
             variants.append(None)
             continue
         fields = [int(x) for x in spec.split("/")]
+        if a.impl == "auto" or len(fields) not in ((4, 5, 6) if a.impl == "triton" else (4,)):
+            ap.error(f"--configs {spec}: an explicit tiling needs --impl pallas or triton, as "
+                     "block_n/splits/warps/stages (jax-triton: optionally /merge_block_d[/merge_warps])")
         v = hs.Variant(block_n=fields[0], splits=fields[1], warps=fields[2], stages=fields[3])
         if len(fields) > 4:
             merge_d[spec] = tuple(fields[4:6])
         variants.append((spec, v))
+    mods = {"0.34.0": originals.load("0.34.0")}
+    pools = {}
+    for name in a.geometries.split(","):
+        geo = inputs.geometry(name, cpu=False, pool_gb=2.0)
+        pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=True)
     knob_sets = [()] + [tuple(k.split("+")) for k in a.knob]
     knobs = sorted({name for ks in knob_sets for name in ks})
     for name in knobs:
