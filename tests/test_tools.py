@@ -23,3 +23,58 @@ def test_memcheck_driver_part_agrees_on_cpu(part, launches):
     checked = [line for line in res.stdout.splitlines() if line.startswith("ok")]
     assert len(checked) == launches, res.stdout
     assert "0 disagree" in res.stdout
+
+
+def test_ncu_sass_summary_classifies_copies_and_spills(tmp_path):
+    """tools/ncu_sass_summary.py on a small `ncu --page source --csv` file: stall reasons,
+    opcodes, spills and the two shared-address forms of the async copies (session 8's finding:
+    ``[R+imm]`` in Triton 3.6's kernels, one register per copy in XLA's Pallas fp8 kernel)."""
+    import csv
+    import random
+
+    sys.path.insert(0, "tools")
+    import ncu_sass_summary as S
+
+    rnd = random.Random(8)
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+              "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]
+    body, want = [], {"R+imm": [0, 0], "R": [0, 0], "LDL": 0, "long_sb": 0, "wait": 0}
+    sources = ["LDGSTS.E.64 desc[UR12][R140.64], P3, [R194]",
+               "LDGSTS.E.BYPASS.128 desc[UR22][R152.64], P4, [R227+0x2000]",
+               "@!P0  LDL R154, [R1+0x28]", "HMMA.16816.F32.BF16 R140, R140, R146, R148"]
+    for i in range(40):
+        src = sources[i % 4]
+        executed, long_sb, wait = rnd.randint(1, 10**6), rnd.randint(0, 500), rnd.randint(0, 500)
+        form = None if "LDGSTS" not in src else "R+imm" if "+0x" in src else "R"
+        if form:
+            want[form][0] += 1
+            want[form][1] += executed
+        if "LDL" in src:
+            want["LDL"] += executed
+        want["long_sb"] += long_sb
+        want["wait"] += wait
+        body.append([f"0x{i:04x}", src, str(long_sb + wait), f"{executed:,}", str(long_sb), str(wait), "7"])
+    path = tmp_path / "k.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "toy_kernel"])
+        w.writerow(header)
+        w.writerows(body)
+    kernel, lines = S.read(str(path))
+    s = S.summarise(lines)
+    assert kernel == "toy_kernel" and len(lines) == 40
+    assert s["stalls"]["long_sb"] == want["long_sb"] and s["stalls"]["wait"] == want["wait"]
+    assert "long_sb (Not Issued)" not in s["stalls"]
+    assert s["by_op"]["LDL"][0] == want["LDL"]
+    assert s["copies"][("64", "[R]")][:2] == want["R"]
+    assert s["copies"][("128", "[R+imm]")][:2] == want["R+imm"]
+    text = S.report(kernel, s)
+    assert "LDGSTS .64 [R]: 10 lines" in text and "LDGSTS .128 [R+imm]: 10 lines" in text
+    # Several launches in one file (ncu -k regex matching more than one): one block each.
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "second_kernel"])
+        w.writerow(header)
+        w.writerows(body[:3])
+    blocks = S.read_all(str(path))
+    assert [(k, len(ls)) for k, ls in blocks] == [("toy_kernel", 40), ("second_kernel", 3)]
