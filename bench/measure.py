@@ -24,7 +24,7 @@ from bench.records import ORIGINALS, Case, CaseResult, Check, Rates, Timing, Wor
 TORCH_IMPLS = (*ORIGINALS, "shim")
 # Implementations whose busy time a profiler trace takes (``--trace-rows``), and the runs
 # of the timed unit it traces.
-TRACED_IMPLS = (*ORIGINALS, "pallas", "triton")
+TRACED_IMPLS = (*ORIGINALS, "pallas", "triton", "auto")
 TRACE_RUNS = 3
 
 

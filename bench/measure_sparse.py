@@ -16,7 +16,7 @@ import qsa_jax
 from bench import inputs as I
 from bench.measure import (TORCH_IMPLS, Context, Draft, JaxCalls, jax_measure, measure_impls, prepare_jax,
                            torch_measure)
-from bench.records import ORIGINALS, Case, CaseResult, Check, Workload
+from bench.records import AUTO, ORIGINALS, Case, CaseResult, Check, Workload
 from bench.timing import eager_latency_once_each, sequential_calls
 from qsa_testing import agreement
 
@@ -165,6 +165,8 @@ def _many(q, kv, idx_sets, block_table, token_to_req, gate, *, flag, impl, scale
 
 
 def _jax_calls(kv, inp, flag, impl, *, scales) -> JaxCalls:
+    impl = None if impl == AUTO else impl  # the library's own choice
+
     def one(i):
         return qsa_jax.sparse_attention(inp.q, kv, inp.idx[i], inp.block_table, inp.token_to_req, inp.gate,
                                         use_prefill_config=flag, implementation=impl, **scales)

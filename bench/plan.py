@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.records import Case
+from bench.records import AUTO, Case
 
 OPS = ("sparse_attention", "compress_groups_with_ratio", "store_cache_rows")
 OP_ALIASES = {"sparse": "sparse_attention", "attention": "sparse_attention",
               "compress": "compress_groups_with_ratio", "store": "store_cache_rows",
               **{op: op for op in OPS}}
-IMPLS = ("original", "original034", "xla", "pallas", "triton", "shim")
+IMPLS = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim")
 # The vLLM release each torch-side original is loaded from.
 ORIGINAL_VERSIONS = {"original": "0.30.0", "original034": "0.34.0"}
 TPS = ("TP1", "TP2", "TP4")
@@ -153,6 +153,10 @@ def implementation_status(settings: Settings, backends: Backends) -> dict[str, d
                 continue
             if name == "original034" and op != "sparse_attention":
                 why = "the same kernels as 0.30.0 (0.34.0 changed only the sparse attention)"
+            elif name == AUTO:
+                why = ("sparse attention only" if op != "sparse_attention" else
+                       "CPU mode: it is xla there (name it in --impl to time it)"
+                       if not settings.gpu and settings.requested is None else None)
             elif name in backends.why_not:
                 why = backends.why_not[name]
             elif name == "shim":

@@ -24,6 +24,9 @@ from typing import Any
 # against them.
 ORIGINALS = ("original", "original034")
 SPARSE = "sparse_attention"
+# qsa_jax.sparse_attention(implementation=None): the library's own choice (jax-triton for an
+# fp8 cache at the measured Hopper table's one-warp entries, else Pallas on a GPU).
+AUTO = "auto"
 
 
 def _fields(cls) -> tuple[str, ...]:

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from bench import summarize
 from bench.records import CaseResult, RunResult, Timing, write_json
 
-IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", "shim")
+IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", "auto", "shim")
 COLORS = {"original": "black", "original034": "tab:gray", "triton": "tab:blue", "pallas": "tab:orange", "xla": "tab:green",
-          "shim": "tab:purple"}
+          "auto": "tab:red", "shim": "tab:purple"}
 
 
 def default_out_dir(repo: pathlib.Path, info: dict) -> pathlib.Path:

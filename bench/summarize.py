@@ -12,7 +12,7 @@ import pathlib
 
 from bench.records import CaseResult, RunResult, load
 
-IMPL_ORDER = ("original", "xla", "pallas", "triton", "shim")
+IMPL_ORDER = ("original", "xla", "pallas", "triton", "auto", "shim")
 
 
 # A JAX wall clock this much above the GPU busy time of the same case is XLA's host work.

@@ -424,3 +424,23 @@ def test_plan_cases_order_and_fp8_comparator():
         plan.Settings.from_args(run.parse_args(["--kv-dtype", "fp16"]), gpu=True)
     with pytest.raises(SystemExit, match="--op"):
         plan.Settings.from_args(run.parse_args(["--op", "gemm"]), gpu=True)
+
+
+def test_bench_auto_row_is_the_librarys_choice(tmp_path):
+    """``--impl auto`` times sparse_attention(implementation=None) (on CPU: the XLA
+    reference, so its check against the float64 oracle is the xla row's to the last digit); the
+    indexer operators have no auto row, with the reason recorded."""
+    from bench import run
+
+    out = tmp_path / "res"
+    rc = run.main(["--cpu", "--tp", "TP4", "--rows", "2", "--indexer-rows", "3", "--ring", "4", "--op", "sparse,store",
+                   "--impl", "xla,auto", "--n-calls", "2", "--eager-calls", "1", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    sparse = {r["impl"]: r for r in res["results"] if r["op"] == "sparse_attention"}
+    assert set(sparse) == {"xla", "auto"}
+    checks = {k: r["check"] for k, r in sparse.items()}
+    assert checks["auto"]["ok"] and checks["auto"]["reference"] == checks["xla"]["reference"], checks
+    assert checks["auto"]["rel_err"] == checks["xla"]["rel_err"] > 0, checks
+    assert not [r for r in res["results"] if r["op"] == "store_cache_rows" and r["impl"] == "auto"]
+    assert res["implementations"]["store_cache_rows"]["auto"].startswith("unavailable: sparse attention only")

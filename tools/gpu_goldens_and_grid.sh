@@ -3,8 +3,9 @@
 # grid with both originals side by side on bf16 and fp8 caches, then the fp8 GPU tests.
 #   $OUT/golden.tgz (unpack into tests/golden), $OUT/<card>_<date>/ (results.json/md, plots)
 # Usage (device tool; carry .whl .cache/originals): bash tools/gpu_goldens_and_grid.sh
-# Knobs: GRID_ARGS (extra bench.run flags), GRID_IMPLS (add ",triton": the fp8 default on Hopper
-# from 256 programs, session 8; longer grid), GRID_TIMEOUT, GOLDEN_TIMEOUT, TESTS_TIMEOUT.
+# Knobs: GRID_ARGS (extra bench.run flags), GRID_IMPLS (default rows: both originals, pallas and
+# auto = implementation=None, i.e. jax-triton for fp8 on Hopper above 128 programs; add ",triton"
+# for every jax-triton row; a longer grid), GRID_TIMEOUT, GOLDEN_TIMEOUT, TESTS_TIMEOUT.
 source tools/gpu_env.sh
 set -o pipefail
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
@@ -12,7 +13,7 @@ mkdir -p "$OUT/golden"
 timeout "${GOLDEN_TIMEOUT:-120}" python3 tools/record_goldens.py --out "$OUT/golden" > "$OUT/goldens.log" 2>&1
 echo "goldens rc=$?"; tail -n 7 "$OUT/goldens.log"
 tar -C "$OUT" -czf "$OUT/golden.tgz" golden && rm -rf "$OUT/golden"
-timeout -s TERM "${GRID_TIMEOUT:-330}" python3 -m bench.run --op sparse --impl "${GRID_IMPLS:-original,original034,pallas}" \
+timeout -s TERM "${GRID_TIMEOUT:-330}" python3 -m bench.run --op sparse --impl "${GRID_IMPLS:-original,original034,pallas,auto}" \
   --kv-dtype bf16,fp8 --n-calls 10 --eager-calls 5 --no-progress --out "$OUT/${card}_$(date +%F)" ${GRID_ARGS:---tp TP1,TP4} \
   > "$OUT/grid.log" 2>&1
 echo "grid rc=$?"; rm -f "$OUT/${card}_$(date +%F)/results.partial.json"; tail -n 3 "$OUT/grid.log"
