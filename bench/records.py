@@ -25,7 +25,7 @@ from typing import Any
 ORIGINALS = ("original", "original034")
 SPARSE = "sparse_attention"
 # qsa_jax.sparse_attention(implementation=None): the library's own choice (jax-triton for an
-# fp8 cache at the measured Hopper table's one-warp entries, else Pallas on a GPU).
+# fp8 cache at the measured Hopper table's one-warp entries up to 2048 programs, else Pallas).
 AUTO = "auto"
 
 

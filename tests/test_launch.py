@@ -151,6 +151,8 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
         assert config.sparse_attention_order(fp8_1024)[0] == ("triton" if hopper else "pallas"), cap
         fp8_64 = _problem(32, jnp.float8_e4m3fn)  # 64 programs: two warps, no spill
         assert config.sparse_attention_order(fp8_64)[0] == "pallas", cap
+        fp8_4096 = _problem(2048, jnp.float8_e4m3fn)  # one warp too, jax-triton not timed there
+        assert config.sparse_attention_order(fp8_4096)[0] == "pallas", cap
         explicit = _problem(512, jnp.float8_e4m3fn, config=(32, 1, 65, 2))  # not measured this way
         assert config.sparse_attention_order(explicit)[0] == "pallas", cap
         bf16 = _problem(512, jnp.bfloat16)

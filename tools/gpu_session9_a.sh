@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Next device call after session 8 (not yet run; about 8 min of device time):
 #  1. fp8 buckets session 8 did not time with jax-triton: the library's choice (implementation=
-#     None: Pallas at 8-128 programs, jax-triton from 256) and jax-triton at the same table
-#     tiling, against 0.34.0, TP1/TP4 at 8, 32, 128, 512 and 4096 programs (decides whether
-#     config.sparse_attention_order's one-warp rule should widen or narrow);
+#     None: Pallas at 8-128 and 4096 programs, jax-triton at 129-2048) and jax-triton at the same
+#     table tiling, against 0.34.0, TP1/TP4 at 8, 32, 128, 512 and 4096 programs (decides whether
+#     config.sparse_attention_order's rule and JAX_TRITON_FP8_MAX_PROGRAMS should widen or narrow);
 #  2. every fp8 GPU test (parity of every implementation against 0.34.0 and exact, TP1/TP2/TP4,
 #     with the final 2-warp jax-triton merge; the knob bit-identity cases);
 #  3. compute-sanitizer memcheck of the jax-triton kernels including their new fp8 part.
