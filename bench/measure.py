@@ -18,13 +18,13 @@ from typing import Any
 import jax
 
 from bench import kernel_trace, timing
-from bench.records import ORIGINALS, Case, CaseResult, Check, Rates, Timing, Workload
+from bench.records import AUTO, ORIGINALS, Case, CaseResult, Check, Rates, Timing, Workload
 
 # Implementations called with torch tensors (everything else is called through qsa_jax).
 TORCH_IMPLS = (*ORIGINALS, "shim")
 # Implementations whose busy time a profiler trace takes (``--trace-rows``), and the runs
 # of the timed unit it traces.
-TRACED_IMPLS = (*ORIGINALS, "pallas", "triton", "auto")
+TRACED_IMPLS = (*ORIGINALS, "pallas", "triton", AUTO)
 TRACE_RUNS = 3
 
 

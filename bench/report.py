@@ -6,11 +6,11 @@ import pathlib
 from collections.abc import Sequence
 
 from bench import summarize
-from bench.records import CaseResult, RunResult, Timing, write_json
+from bench.records import AUTO, CaseResult, RunResult, Timing, write_json
 
-IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", "auto", "shim")
+IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim")
 COLORS = {"original": "black", "original034": "tab:gray", "triton": "tab:blue", "pallas": "tab:orange", "xla": "tab:green",
-          "auto": "tab:red", "shim": "tab:purple"}
+          AUTO: "tab:red", "shim": "tab:purple"}
 
 
 def default_out_dir(repo: pathlib.Path, info: dict) -> pathlib.Path:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from bench.records import CaseResult, RunResult, load
+from bench.records import AUTO, CaseResult, RunResult, load
 
-IMPL_ORDER = ("original", "xla", "pallas", "triton", "auto", "shim")
+IMPL_ORDER = ("original", "xla", "pallas", "triton", AUTO, "shim")
 
 
 # A JAX wall clock this much above the GPU busy time of the same case is XLA's host work.

@@ -460,28 +460,33 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
     for an fp8 cache on Hopper at a one-warp entry of the measured table (``H200_FP8`` from
     129 to ``JAX_TRITON_FP8_MAX_PROGRAMS`` = 2048 programs, where Pallas launches the table's
-    one warp and jax-triton was timed), where the jax-triton kernels come first. Why (notes/pallas.md "Session 8"): at one warp the Pallas fp8 kernel, compiled
-    by XLA's bundled Triton, gives each of a tile's 48 async copies its own shared-memory
-    address register (XLA's lowering ends each address in an XOR with a constant), spills them
-    and reloads each before its copy: 7x 0.34.0's spill traffic, a third of all stall samples
-    on copies waiting for the reloads. Triton 3.6, which compiles the jax-triton kernels (and
+    one warp and jax-triton was timed): there the jax-triton kernels come first.
+
+    Why (notes/pallas.md "Session 8"): at one warp the Pallas fp8 kernel, compiled by XLA's
+    bundled Triton, gives each of a tile's 48 async copies its own shared-memory address
+    register (XLA's lowering ends each address in an XOR with a constant), spills them and
+    reloads each before its copy: 7x 0.34.0's spill traffic, a third of all stall samples on
+    copies waiting for the reloads. Triton 3.6, which compiles the jax-triton kernels (and
     vLLM's), folds the addresses into base + immediate. Measured on the H200 against vLLM
     0.34.0 (busy time per call, TP1/TP4, each ratio within one process): Pallas 1.22-1.41x,
-    jax-triton 0.97-1.00x at 256, 1024 and 2048 programs (512 shares the 2048 entry; above 2048
-    programs, one warp too, jax-triton was not timed: Pallas there is 1.06-1.11x, 1.40x with
-    the prefill flag). Elsewhere -- 2+ warps (1-128 programs), above 2048 programs, vLLM's
-    tables or an explicit ``config=`` (not measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes first (it names the implementation
-    it is for).
+    jax-triton 0.97-1.00x at 256, 1024 and 2048 programs (512 shares the 2048 entry; above
+    2048 programs, one warp too, jax-triton was not timed: Pallas there is 1.06-1.11x, 1.40x
+    with the prefill flag). Elsewhere -- 2+ warps (1-128 programs), above 2048 programs,
+    vLLM's tables or an explicit ``config=`` (not measured this way) -- Pallas stays first.
+    A ``launch=`` record's implementation goes first (it names the implementation it is for).
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend
+
+    def first(name, order):
+        return (name,) + tuple(n for n in order if n != name)
 
     order = DEFAULT_ORDER[backend()]
     measured_one_warp = (problem.num_stages is not None and problem.config.num_warps == 1
                          and problem.num_rows * problem.num_kv_heads <= JAX_TRITON_FP8_MAX_PROGRAMS)
-    if problem.is_fp8 and measured_one_warp and backend() == "gpu" and running_on_hopper():
-        order = ("triton",) + tuple(n for n in order if n != "triton")
+    if problem.is_fp8 and measured_one_warp and "triton" in order and running_on_hopper():
+        order = first("triton", order)
     if launch_implementation in order:
-        order = (launch_implementation,) + tuple(n for n in order if n != launch_implementation)
+        order = first(launch_implementation, order)
     return order
 
 
