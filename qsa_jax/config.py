@@ -448,19 +448,13 @@ def triton_tiling(problem: "SparseAttentionProblem") -> SparseAttentionConfig:
     return tune_config_for_hopper(problem.config, problem.num_rows, problem.num_kv_heads)
 
 
-# The largest fp8 problem (rows x KV heads) at which jax-triton was timed against Pallas and
-# vLLM 0.34.0 on the H200 (session 8); sparse_attention_order prefers it up to here only.
-JAX_TRITON_FP8_MAX_PROGRAMS = 2048
-
-
 def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementation: str | None = None
                            ) -> tuple[str, ...]:
     """The implementations ``sparse_attention(implementation=None)`` tries, in order.
 
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
     for an fp8 cache on Hopper at a one-warp entry of the measured table (``H200_FP8`` from
-    129 to ``JAX_TRITON_FP8_MAX_PROGRAMS`` = 2048 programs, where Pallas launches the table's
-    one warp and jax-triton was timed): there the jax-triton kernels come first.
+    129 programs up, the prefill flag included): there the jax-triton kernels come first.
 
     Why (notes/pallas.md "Session 8"): at one warp the Pallas fp8 kernel, compiled by XLA's
     bundled Triton, gives each of a tile's 48 async copies its own shared-memory address
@@ -468,12 +462,22 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     reloads each before its copy: 7x 0.34.0's spill traffic, a third of all stall samples on
     copies waiting for the reloads. Triton 3.6, which compiles the jax-triton kernels (and
     vLLM's), folds the addresses into base + immediate. Measured on the H200 against vLLM
-    0.34.0 (busy time per call, TP1/TP4, each ratio within one process): Pallas 1.22-1.41x,
-    jax-triton 0.97-1.00x at 256, 1024 and 2048 programs (512 shares the 2048 entry; above
-    2048 programs, one warp too, jax-triton was not timed: Pallas there is 1.06-1.11x, 1.40x
-    with the prefill flag). Elsewhere -- 2+ warps (1-128 programs), above 2048 programs,
-    vLLM's tables or an explicit ``config=`` (not measured this way) -- Pallas stays first.
-    A ``launch=`` record's implementation goes first (it names the implementation it is for).
+    0.34.0 (busy time per call, TP1 / TP4, each ratio within one process; sessions 8-9):
+
+    ==========================  ===========  ===========
+    programs                    Pallas       jax-triton
+    ==========================  ===========  ===========
+    256, 1024, 2048             1.22-1.41x   0.97-1.00x
+    512                         --           1.00-1.02x
+    4096                        1.06-1.11x   0.73-0.85x
+    8192                        1.07-1.12x   0.74-0.84x
+    4096, prefill flag (TP1)    1.37x        1.05x
+    ==========================  ===========  ===========
+
+    Elsewhere -- 2+ warps (1-128 programs; timed at 8, 32 and 128: Pallas 0.95-1.10x,
+    jax-triton at the table's 2 warps 1.07-1.35x), vLLM's tables or an explicit ``config=`` (not measured this way) --
+    Pallas stays first. A ``launch=`` record's implementation goes first (it names the
+    implementation it is for).
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend
 
@@ -481,8 +485,7 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
         return (name,) + tuple(n for n in order if n != name)
 
     order = DEFAULT_ORDER[backend()]
-    measured_one_warp = (problem.num_stages is not None and problem.config.num_warps == 1
-                         and problem.num_rows * problem.num_kv_heads <= JAX_TRITON_FP8_MAX_PROGRAMS)
+    measured_one_warp = problem.num_stages is not None and problem.config.num_warps == 1
     if problem.is_fp8 and measured_one_warp and "triton" in order and running_on_hopper():
         order = first("triton", order)
     if launch_implementation in order:

@@ -1,7 +1,8 @@
 """Time the Pallas fp8 sparse-attention kernel against vLLM 0.34.0's at fixed tilings, kernel by kernel.
 
     python3 tools/fp8_kernel_ab.py [--programs 256,1024,2048] [--geometries TP1,TP4]
-        [--impl pallas|triton|auto] [--configs table,32/4/1/2] [--knob NAME[+NAME...]]... [--out DIR]
+        [--impl pallas|triton|auto] [--configs table,32/4/1/2] [--knob NAME[+NAME...]]...
+        [--prefill] [--kv-dtype fp8|bf16] [--out DIR]
 
 Why (notes/pallas.md, session 7): the fp8 sweep compares each implementation at its own
 best tiling; to find *where* our kernel loses, this times both at the same tilings
@@ -16,7 +17,9 @@ the run with all of them False; each is checked bit for bit against that first r
 (the knobs' contract) besides its error from exact attention. ``--impl`` (session 8): the
 implementation timed -- ``pallas`` (default), ``triton`` (jax-triton; a tiling may add the
 merge's D chunk and warps, ``32/4/1/2/256/2``) or ``auto`` (``table`` only:
-``implementation=None``, the library's own choice).
+``implementation=None``, the library's own choice). Session 9: ``--prefill`` passes
+``use_prefill_config=True`` to 0.34.0 and to the library's ``table`` call; ``--kv-dtype
+bf16`` times a bf16 cache without scales instead (0.34.0's bf16 path the comparator).
 Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
 """
 
@@ -43,6 +46,10 @@ def main() -> int:
                     help="implementation timed ('auto': implementation=None, the library's choice; "
                          "explicit tilings: pallas or triton); a jax-triton spec may add a 5th and "
                          "6th field, the merge's D chunk and warps")
+    ap.add_argument("--kv-dtype", default="fp8", choices=("fp8", "bf16"),
+                    help="the cache: e4m3 with scales 0.5 / 2.0 (default), or bf16 without scales")
+    ap.add_argument("--prefill", action="store_true",
+                    help="use_prefill_config=True for 0.34.0 and for the library's table ('table' configs)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
@@ -74,7 +81,8 @@ def main() -> int:
     pools = {}
     for name in a.geometries.split(","):
         geo = inputs.geometry(name, cpu=False, pool_gb=2.0)
-        pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools), fp8=True)
+        pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools),
+                                                  fp8=a.kv_dtype == "fp8")
     knob_sets = [()] + [tuple(k.split("+")) for k in a.knob]
     knobs = sorted({name for ks in knob_sets for name in ks})
     for name in knobs:
@@ -88,12 +96,12 @@ def main() -> int:
         import qsa_jax
         from bench.timing import sequential_calls
 
-        scales = dict(zip(("k_scale", "v_scale"), case.scales))
+        scales = dict(zip(("k_scale", "v_scale"), case.scales or ()))
 
         def chain(q, kv, idx_sets, bt, t2r, gate):
             return sequential_calls(lambda i: qsa_jax.sparse_attention(
                 q, kv, i, bt, t2r, gate, implementation=None if a.impl == "auto" else a.impl,
-                **scales), idx_sets)
+                use_prefill_config=a.prefill, **scales), idx_sets)
         return jax.jit(chain)
 
     def triton_fn(case, spec, v):
@@ -104,7 +112,7 @@ def main() -> int:
         cfg = (v.block_n, v.warps, -(-case.width // v.block_n), v.splits)
         merge = merge_d.get(spec, ()) + (None, None)
         launch = qsa_jax.TritonLaunch(num_stages=v.stages, merge_block_d=merge[0], merge_warps=merge[1])
-        scales = dict(zip(("k_scale", "v_scale"), case.scales))
+        scales = dict(zip(("k_scale", "v_scale"), case.scales or ()))
 
         def chain(q, kv, idx_sets, bt, t2r, gate):
             return sequential_calls(lambda i: qsa_jax.sparse_attention(
@@ -119,14 +127,16 @@ def main() -> int:
         for geo_name in a.geometries.split(","):
             per_head = 2 if geo_name == "TP1" else 1  # TP1: 2 KV heads; TP4: 1
             rows = programs // per_head
-            case = hs.Case(geo_name, rows, a.n_sets, pools, mods, seed=programs + per_head, scales=hs.FP8_SCALES)
-            run, _ = case.original_calls("0.34.0", False)
+            case = hs.Case(geo_name, rows, a.n_sets, pools, mods, seed=programs + per_head, scales=hs.FP8_SCALES if a.kv_dtype == "fp8" else None)
+            run, _ = case.original_calls("0.34.0", a.prefill)
             run()
             torch.cuda.synchronize()
             orig = traced(run, lambda _: torch.cuda.synchronize())
             line = dict(programs=programs, geometry=geo_name, rows=rows,
-                        original_config=case.original_config("0.34.0", False), original=orig, runs=[])
-            print(f"{geo_name} {programs} programs: 0.34.0 {case.original_config('0.34.0', False)} "
+                        original_config=case.original_config("0.34.0", a.prefill), prefill=a.prefill,
+                        original=orig, runs=[])
+            print(f"{geo_name} {programs} programs{' prefill' if a.prefill else ''}: "
+                  f"0.34.0 {case.original_config('0.34.0', a.prefill)} "
                   f"{orig and round(orig['busy_us'], 1)} us", flush=True)
             for entry in variants:
                 spec, v = (None, None) if entry is None else entry
