@@ -56,8 +56,10 @@ import jax.numpy as jnp
 REPS = 5
 
 
-def _measure(fn, args, reps: int) -> tuple[dict, object]:
-    """(timing and memory record, the step's output)."""
+def _measure(fn, args, reps: int, trace: bool = True) -> tuple[dict, object]:
+    """(timing and memory record, the step's output); ``trace=False``: wall time only (no
+    busy time), for runs under Nsight Compute, which holds CUPTI so that JAX's profiler
+    cannot attach (session 9: its errors ended in a segmentation fault)."""
     from bench import kernel_trace
 
     compiled = jax.jit(fn).lower(*args).compile()
@@ -68,8 +70,8 @@ def _measure(fn, args, reps: int) -> tuple[dict, object]:
         out = compiled(*args)
     jax.block_until_ready(out)
     wall = (time.perf_counter() - t0) / reps
-    trace = kernel_trace.trace_runs(lambda: compiled(*args), runs=reps, calls_per_run=1,
-                                    wait=jax.block_until_ready)
+    trace = trace and kernel_trace.trace_runs(lambda: compiled(*args), runs=reps, calls_per_run=1,
+                                              wait=jax.block_until_ready)
     stats = jax.devices()[0].memory_stats() or {}
     return {"wall_us": wall * 1e6,
             "busy_us": trace.busy_us_per_call if trace else None,
@@ -137,6 +139,8 @@ def main() -> int:
                     help="skip the backward with acquire-release atomics (see the docstring)")
     ap.add_argument("--autodiff", action="store_true", help="also time JAX's autodiff of the XLA forward")
     ap.add_argument("--no-xla", dest="xla", action="store_false", help="skip grad xla")
+    ap.add_argument("--no-trace", dest="trace", action="store_false",
+                    help="wall time only, no profiler trace (to run under Nsight Compute)")
     ap.add_argument("--out", help="folder for backward.json and backward.md")
     a = ap.parse_args()
 
@@ -205,7 +209,7 @@ def main() -> int:
                 order = name.split()[-1] if name.startswith("grad pallas ") else None
                 try:
                     with default_backward_order(order):  # traced (and compiled) inside _measure
-                        r, out = _measure(fn, args, a.reps)
+                        r, out = _measure(fn, args, a.reps, a.trace)
                     if name == "backward":
                         reference = out
                     elif name.startswith("backward ") and reference is not None:

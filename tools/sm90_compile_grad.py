@@ -1,6 +1,7 @@
 """Compile the gradient's Pallas kernels for sm_90 on a machine without a GPU.
 
-    python tools/sm90_compile_grad.py [--block-n 32] [--warps 8] [--acq-rel-atomics] [--order sorted]
+    python tools/sm90_compile_grad.py [--block-n 32] [--warps 8] [--inverted-warps 2] [--acq-rel-atomics]
+        [--order sorted]
 
 Lowers ``jax.grad`` of ``sparse_attention(implementation="pallas")`` for CUDA (as on
 an H100/H200: JAX's GPU query is patched to sm_90), captures the Triton IR of every
@@ -33,7 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--block-n", type=int, default=None)
-    ap.add_argument("--warps", type=int, default=None)
+    ap.add_argument("--warps", type=int, default=None, help="backward_pallas.DEFAULT_WARPS (the row walks)")
+    ap.add_argument("--inverted-warps", type=int, default=None, help="backward_pallas.INVERTED_WARPS")
     ap.add_argument("--acq-rel-atomics", action="store_true")
     ap.add_argument("--order", default=None, help="backward_pallas.ORDERS (default: DEFAULT_ORDER)")
     a = ap.parse_args()
@@ -56,6 +58,8 @@ def main() -> int:
         backward_pallas.DEFAULT_BLOCK_N = a.block_n
     if a.warps:
         backward_pallas.DEFAULT_WARPS = a.warps
+    if a.inverted_warps:
+        backward_pallas.INVERTED_WARPS = a.inverted_warps
     backward_pallas.RELAXED_ATOMICS = not a.acq_rel_atomics
     backward_pallas.DEFAULT_ORDER = a.order or backward_pallas.DEFAULT_ORDER
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

@@ -90,6 +90,12 @@ DEFAULT_ORDER = "selection"
 # 52 KB shared (two programs per SM); 64 lanes 234 registers, 88 KB (one); no spills.
 INVERTED_BLOCK_ROWS = 16
 INVERTED_LANES = 32
+# Its warps: 2. Its dots are [lanes, block_n] = [32, 16] tiles, which 8 warps cover only by
+# repeating work. H200, TP1 1024 rows, one request per row (session 9): the kernel took
+# 6.76 ms at 8 warps, 4.68 at 4 and 2.99 at 2; Nsight read 4.3x the default walk's HMMA
+# instructions at 8 warps. At 2 warps ptxas gives 255 registers and 28 bytes of spill
+# stores (sm_90 on CPU), against 133 registers and none at 4.
+INVERTED_WARPS = 2
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
@@ -390,7 +396,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
     ``order``: how each row's entries are walked and split (``ORDERS``); None:
     ``DEFAULT_ORDER``. With "inverted", ``block_n``, ``num_warps`` and ``lanes`` are the
-    dK/dV kernel's (None: ``INVERTED_BLOCK_ROWS``, ``DEFAULT_WARPS``, ``INVERTED_LANES``)
+    dK/dV kernel's (None: ``INVERTED_BLOCK_ROWS``, ``INVERTED_WARPS``, ``INVERTED_LANES``)
     and the dq walk keeps its defaults (``num_splits`` still applies to it)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
@@ -487,7 +493,7 @@ def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction,
         grid=(num_slots // block_rows, kv.num_kv_heads),
         in_specs=[pl.no_block_spec] * 10,
         out_specs=pl.no_block_spec,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps or DEFAULT_WARPS, num_stages=2),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or INVERTED_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward_inverted",
     )(q.reshape(-1, d), k_rows, v_rows, pages, starts, ref_rows, counts, da16, delta, lse)
