@@ -17,10 +17,10 @@ reduced sizes as a smoke test, see ``bench.inputs.geometry``):
   and the XLA backward of backward.py);
 * ``grad xla autodiff`` (``--autodiff``): JAX's own reverse mode through the XLA
   reference forward, with no custom VJP (what existed before this issue);
-* each ``--variants`` entry ``[order:]block_n:num_warps[:splits[:lanes]]`` or just an order
-  (``backward_pallas.ORDERS``, e.g. ``sorted``; 0: that knob's default; lanes: the
-  inverted kernel's): the backward alone with that walk and launch (same gradient up to
-  the atomics' summation order);
+* each ``--variants`` entry ``[order:]block_n:num_warps[:splits[:lanes[:dq_warps]]]`` or just
+  an order (``backward_pallas.ORDERS``, e.g. ``sorted``; 0: that knob's default; lanes and
+  dq_warps: the inverted order's, e.g. ``inverted:16:2:0:0:4``): the backward alone with that
+  walk and launch (same gradient up to the atomics' summation order);
 * ``grad pallas <order>`` for each ``--grad-orders`` entry: ``grad pallas`` with that order
   as the Pallas backward's default while it is traced (e.g. ``inverted``);
 * ``backward acq_rel atomics`` (skip with ``--no-acq-rel``): the backward alone with its
@@ -81,11 +81,11 @@ def _measure(fn, args, reps: int, trace: bool = True) -> tuple[dict, object]:
 
 
 def _variant(text: str) -> dict:
-    """``[order:]block_n:num_warps[:splits[:lanes]]`` or just an order (backward_pallas.ORDERS);
+    """``[order:]block_n:num_warps[:splits[:lanes[:dq_warps]]]`` or just an order (backward_pallas.ORDERS);
     0: the default."""
     fields = text.split(":")
     kw = {"order": fields.pop(0)} if fields and not fields[0].isdigit() else {}
-    kw.update(zip(("block_n", "num_warps", "num_splits", "lanes"), (int(x) or None for x in fields)))
+    kw.update(zip(("block_n", "num_warps", "num_splits", "lanes", "dq_warps"), (int(x) or None for x in fields)))
     return kw
 
 
@@ -133,7 +133,8 @@ def main() -> int:
                     help="comma-separated: requests the rows are dealt to (0: one per row, pages shared "
                          "at random across requests when the pool is smaller than all contexts; 1: one "
                          "long sequence, as in training)")
-    ap.add_argument("--variants", default="", help="comma-separated [order:]block_n:num_warps[:splits[:lanes]] or order")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated [order:]block_n:num_warps[:splits[:lanes[:dq_warps]]] or order")
     ap.add_argument("--grad-orders", default="", help="comma-separated orders to time jax.grad with")
     ap.add_argument("--no-acq-rel", dest="acq_rel", action="store_false",
                     help="skip the backward with acquire-release atomics (see the docstring)")

@@ -247,6 +247,10 @@ def test_pallas_backward_inverted_rejects_bad_launch_knobs():
         pallas_backward(p, *args, zeros, lse, zeros, order="inverted", block_n=16)
     with pytest.raises(ValueError, match="lanes"):
         pallas_backward(p, *args, zeros, lse, zeros, order="inverted", block_n=8, lanes=-1)
+    with pytest.raises(ValueError, match="dq_warps must be a power of two"):
+        pallas_backward(p, *args, zeros, lse, zeros, order="inverted", block_n=8, dq_warps=3)
+    with pytest.raises(ValueError, match="dq_warps is the inverted order's"):
+        pallas_backward(p, *args, zeros, lse, zeros, order="selection", dq_warps=4)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -410,6 +414,12 @@ def test_pallas_backward_lowers_to_triton_for_sm90(monkeypatch):
     warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)', text))
     assert int(warps["qsa_sparse_attention_backward_inverted"]) == backward_pallas.INVERTED_WARPS == 2
     assert int(warps["qsa_sparse_attention_backward"]) == backward_pallas.DEFAULT_WARPS
+    dq4 = lambda q, kv, g, a, lse, c: backward_pallas.pallas_backward(  # noqa: E731
+        p, q, (kv,), li, bt, tr, g, a, lse, c, order="inverted", dq_warps=4)
+    warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)',
+                            export(dq4, q, fused, q, q, lse, q)))
+    assert (int(warps["qsa_sparse_attention_backward"]), int(warps["qsa_sparse_attention_backward_inverted"])) \
+        == (4, backward_pallas.INVERTED_WARPS)
     export(jax.grad(lambda q, k, v, g: loss(q, (k, v), g), argnums=(0, 1, 2, 3)), q, half, half, q)
     batch = lambda s: jax.ShapeDtypeStruct((2,) + s.shape, s.dtype)  # noqa: E731
     export(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), batch(q), batch(fused), batch(q))

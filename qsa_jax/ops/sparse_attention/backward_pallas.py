@@ -390,14 +390,16 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
                     token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
                     num_splits: int | None = None, num_warps: int | None = None,
                     relaxed_atomics: bool | None = None, order: str | None = None,
-                    lanes: int | None = None):
+                    lanes: int | None = None, dq_warps: int | None = None):
     """Cotangents (dq table, dkv_arrays, dgate); see the module docstring.
     ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
     order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
     ``order``: how each row's entries are walked and split (``ORDERS``); None:
     ``DEFAULT_ORDER``. With "inverted", ``block_n``, ``num_warps`` and ``lanes`` are the
     dK/dV kernel's (None: ``INVERTED_BLOCK_ROWS``, ``INVERTED_WARPS``, ``INVERTED_LANES``)
-    and the dq walk keeps its defaults (``num_splits`` still applies to it)."""
+    and the dq walk keeps its tile (``num_splits`` still applies to it); ``dq_warps``: the dq
+    walk's warps (None: ``DEFAULT_WARPS``; only with "inverted", where the walk has no dK/dV
+    tile to hold -- sm_90 on CPU: no spills at 2 or 4 warps)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
@@ -405,6 +407,10 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     if order not in ORDERS:
         raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
     inverted = order == "inverted"
+    if dq_warps is not None and not inverted:
+        raise ValueError(f"dq_warps is the inverted order's dq walk's; got it with order={order!r}")
+    if dq_warps is not None and (dq_warps < 1 or dq_warps & (dq_warps - 1)):
+        raise ValueError(f"dq_warps must be a power of two >= 1; got {dq_warps}")
     if inverted:
         _check_inverted_launch(kv, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES, interpret())
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
@@ -452,8 +458,8 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         out_specs=(pl.no_block_spec,) * 2,
         # The accumulators start as zeros and are updated in place.
         input_output_aliases={9: 0, 10: 1},
-        compiler_params=plgpu.CompilerParams(num_warps=(not inverted and num_warps) or DEFAULT_WARPS,
-                                             num_stages=2),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=(dq_warps if inverted else num_warps) or DEFAULT_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
     )(q.reshape(-1, d), k_rows, v_rows, entries, acc, da16, delta, lse, end,
