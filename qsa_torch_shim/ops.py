@@ -3,7 +3,8 @@
 Same names, signatures, validation and exception types as vLLM 0.34.0's
 originals (which accept every 0.30.0 call too); the computation runs in qsa_jax.
 The only addition is a keyword-only ``implementation=`` ("triton", "pallas",
-"xla" or None: qsa_jax's default for the backend). ``vllm_0_30`` is the same
+"xla" or None: qsa_jax's default for the backend; for the sparse attention also
+"triton-torch": the jax-triton kernels launched by Triton on torch's stream, ``_direct``). ``vllm_0_30`` is the same
 module with 0.30.0's signatures, for ``install()`` beside a vLLM of that line.
 
 Each public function checks its arguments (``_checks``) and then runs the eager
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from qsa_torch_shim import _call_cache, _checks, _eager, _warmup
+from qsa_torch_shim import _call_cache, _checks, _direct, _eager, _jax_side, _warmup
 from qsa_torch_shim._warmup import _select_config, warmup_rows
 
 # Internal names kept for tools/profile_shim.py, which times these pieces one by one.
@@ -58,6 +59,9 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
     """The originals' checks of ``surface``, then the call. An eager call whose arguments
     are the memory views and tensor objects of an earlier call skips both the checks
     and the import lookups (``_call_cache``: one key, one dict lookup)."""
+    if implementation == _direct.NAME:
+        return _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                               use_prefill_config, out, output_gate, k_scale, v_scale, surface)
     if torch.compiler.is_compiling():
         key = None
     else:
@@ -80,6 +84,22 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
     if checked is not None:
         _call_cache.SPARSE_CALLS.put(key, tensors, checked, scales, args)
     return _eager.sparse_run(args, q, use_prefill_config, out, implementation)
+
+
+def _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                    use_prefill_config, out, output_gate, k_scale, v_scale, surface):
+    """``implementation="triton-torch"`` (``_direct``): the originals' checks, then the
+    jax-triton kernels launched by Triton on torch's stream; layouts they cannot read as
+    they lie, and torch.compile, take the same kernels through JAX (``"triton"``)."""
+    scales = _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table,
+                                  token_to_req, out, output_gate, k_scale, v_scale, surface=surface)
+    if not torch.compiler.is_compiling():
+        result = _direct.sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                                use_prefill_config, out, output_gate, scales, _jax_side.TILING_TABLE[0])
+        if result is not None:
+            return result
+    return sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                                  use_prefill_config, out, output_gate, "triton", scales)
 
 
 def qsa_sparse_paged_attention(

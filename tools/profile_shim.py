@@ -11,7 +11,9 @@ of repeated shim calls (sorted by own time).
 ``--grid``: for each row count, the originals' eager call (call + sync) against the
 shim's, with ``out=`` on the default route and on each forced route (copy: plain call +
 torch copy; donate: ``out`` donated to the call; notes/shim.md, Session 7), and without
-``out``; the ratio shim / original for each, and the worst over the grid.
+``out``; the ratio shim / original for each, and the worst over the grid. The
+``triton-torch`` columns (session 9): ``implementation="triton-torch"``, qsa_jax's jax-triton
+kernels launched by Triton on torch's stream (``qsa_torch_shim/_direct.py``).
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def grid(tp: str, row_counts: list[int]) -> None:
     cols = [("original", None)] + [(f"shim out= {name}", "original") for name, _ in ROUTES] + [
         ("shim no out", "original"), ("original new q+gate", None),
         ("shim out= default new q+gate", "original new q+gate")] + [
-        (f"shim out= default {fence} fence", "original") for fence in F.MODES if fence != "import"]
+        (f"shim out= default {fence} fence", "original") for fence in F.MODES if fence != "import"] + [
+        ("shim triton-torch", "original"), ("shim triton-torch new q+gate", "original new q+gate")]
     print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); x = shim / original; "
           f"default out= route: copy up to {default_limit} bytes, else donate; 'new q+gate': "
           "q and the gate are new tensor objects each call (vLLM's activations), both sides")
@@ -124,6 +127,11 @@ def grid(tp: str, row_counts: list[int]) -> None:
                 _new_root(q), *rest, output_gate=_new_root(gate)),
             "shim out= default new q+gate": lambda: S.qsa_sparse_paged_attention(
                 _new_root(q), *rest, output_gate=_new_root(gate)),
+            # qsa_jax's jax-triton kernels launched by Triton on torch's stream (no JAX, no fence)
+            "shim triton-torch": lambda: S.qsa_sparse_paged_attention(
+                *args, output_gate=gate, implementation="triton-torch"),
+            "shim triton-torch new q+gate": lambda: S.qsa_sparse_paged_attention(
+                _new_root(q), *rest, output_gate=_new_root(gate), implementation="triton-torch"),
         }
         found = {}
         for c, _ in cols:

@@ -20,6 +20,8 @@ so a deployment compiles one kernel per distinct tiling, not per batch size.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,57 +39,86 @@ def why_not() -> str | None:
     return _triton_support.why_not(_IMPORT_ERROR)
 
 
-def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-        token_to_req, output_gate, scales=None):
-    """Traceable under jit."""
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Both launches of one problem, whoever makes them: ``run`` through
+    ``jax_triton.triton_call``, or qsa_torch_shim's ``implementation="triton-torch"`` through
+    Triton's own launcher on torch tensors. Kernel arguments, in order: q, K, V,
+    logical_indices, block_table, token_to_req, the gate ([R, H, D]), the scale pair (fp32
+    ``[score scale, output scale]``, ``base.scale_operand``; any array when not ``scaled``),
+    rows, requests, pages, then the outputs (``out_shapes``); the merge takes the partials,
+    their lse, the gate and rows, then its output ([R, H, D] bf16)."""
+
+    split_grid: tuple[int, int, int]
+    split_meta: tuple[tuple[str, object], ...]  # constexprs, num_warps and num_stages
+    out_shapes: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per output
+    merge_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the result
+    merge_meta: tuple[tuple[str, object], ...] | None
+    shared_kv: bool  # the fused cache: K and V are the same buffer (V at V_OFFSET)
+    scaled: bool
+
+
+@functools.lru_cache(maxsize=256)
+def launch_plan(problem: SparseAttentionProblem) -> LaunchPlan:
+    """The launches ``run`` makes for ``problem`` (rows > 0), cached per problem."""
     p = problem
     cfg = triton_tiling(p)
     launch = triton_launch(p)
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
-    if rows == 0:
-        return jnp.zeros((0, heads, d), jnp.bfloat16)
     kv = p.kv
     if kv.fused:  # [NB, Hk, P, 2D]
-        k_arr = v_arr = kv_arrays[0]
         strides = dict(STRIDE_PAGE=kv.num_kv_heads * kv.page_size * 2 * d, STRIDE_TOKEN=2 * d,
                        STRIDE_HEAD=kv.page_size * 2 * d, V_OFFSET=d)
     else:  # [NB, P, Hk, D] each
-        k_arr, v_arr = kv_arrays
         strides = dict(STRIDE_PAGE=kv.page_size * kv.num_kv_heads * d, STRIDE_TOKEN=kv.num_kv_heads * d,
                        STRIDE_HEAD=d, V_OFFSET=0)
-    gate = output_gate.reshape(rows, heads, d)
     splits = cfg.num_splits
-    one_split = splits == 1
-    if one_split:
-        out_shape = [jax.ShapeDtypeStruct((rows, heads, d), jnp.bfloat16),
-                     jax.ShapeDtypeStruct((1,), jnp.float32)]  # lse slot unused
-    else:
-        out_shape = [jax.ShapeDtypeStruct((splits, rows, heads, d), jnp.float32),
-                     jax.ShapeDtypeStruct((splits, rows, heads), jnp.float32)]
-    partial, lse = _jt.triton_call(
-        # Without scales the kernel never reads scale_ptr: any array fills the slot.
-        q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
-        scales if p.scaled else token_to_req, rows, p.num_requests, kv.num_pages,
-        kernel=_k.sparse_attention_split_kernel,
-        out_shape=out_shape,
-        grid=(rows, kv.num_kv_heads, splits),
-        name="qsa_sparse_attention_split",
-        num_warps=launch.num_warps,
-        num_stages=launch.num_stages,
+    split_meta = dict(
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
         W=p.selection_width, PAGE=kv.page_size, BTW=p.table_width, GROUP=p.group_size,
         HEADS=heads, D=d, Q_ROW_STRIDE=p.queries.row_stride, Q_HEAD_STRIDE=p.queries.head_stride,
         Q_OFFSET=p.queries.offset, BLOCK_M=next_pow2(p.group_size), BLOCK_N=cfg.block_n,
         NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
         PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
         KV_BYTES=p.kv_format == "e4m3_bytes", **strides)
-    if one_split:
-        return partial
+    if splits == 1:
+        return LaunchPlan((rows, kv.num_kv_heads, 1), tuple(split_meta.items()),
+                          (((rows, heads, d), "bfloat16"), ((1,), "float32")),  # lse slot unused
+                          None, None, kv.fused, p.scaled)
     block_d = launch.merge_block_d
+    merge_meta = dict(num_warps=launch.merge_warps, num_stages=1, HEADS=heads, D=d, NUM_SPLITS=splits,
+                      BLOCK_S=next_pow2(splits), BLOCK_D=block_d)
+    return LaunchPlan((rows, kv.num_kv_heads, splits), tuple(split_meta.items()),
+                      (((splits, rows, heads, d), "float32"), ((splits, rows, heads), "float32")),
+                      (rows, heads, d // block_d), tuple(merge_meta.items()), kv.fused, p.scaled)
+
+
+def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
+        token_to_req, output_gate, scales=None):
+    """Traceable under jit."""
+    p = problem
+    rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
+    if rows == 0:
+        return jnp.zeros((0, heads, d), jnp.bfloat16)
+    plan = launch_plan(p)
+    k_arr, v_arr = (kv_arrays[0], kv_arrays[0]) if plan.shared_kv else kv_arrays
+    gate = output_gate.reshape(rows, heads, d)
+    split_meta = dict(plan.split_meta)
+    partial, lse = _jt.triton_call(
+        # Without scales the kernel never reads scale_ptr: any array fills the slot.
+        q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
+        scales if plan.scaled else token_to_req, rows, p.num_requests, p.kv.num_pages,
+        kernel=_k.sparse_attention_split_kernel,
+        out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in plan.out_shapes],
+        grid=plan.split_grid,
+        name="qsa_sparse_attention_split",
+        **split_meta)
+    if plan.merge_grid is None:
+        return partial
     return _jt.triton_call(
         partial, lse, gate, rows,
         kernel=_k.sparse_attention_merge_kernel,
         out_shape=jax.ShapeDtypeStruct((rows, heads, d), jnp.bfloat16),
-        grid=(rows, heads, d // block_d),
+        grid=plan.merge_grid,
         name="qsa_sparse_attention_merge",
-        num_warps=launch.merge_warps, num_stages=1,
-        HEADS=heads, D=d, NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), BLOCK_D=block_d)
+        **dict(plan.merge_meta))

@@ -1,0 +1,170 @@
+"""``implementation="triton-torch"``: qsa_jax's jax-triton sparse-attention kernels launched by
+Triton itself on the torch tensors, on torch's current stream.
+
+Why: the eager shim call pays JAX's dispatch (~50 µs) plus a stream-fence import (~47 µs),
+together what the originals' whole call costs (H200, notes/shim.md, session 8). The same
+kernels launched the way the originals launch theirs need neither: no DLPack, no fence
+(the launch is on torch's stream), ``out`` written in place by the kernel.
+
+Conversion and launch only: the problem (checks, tiling, launch knobs) is qsa_jax's
+(``check_sparse_attention_args``, ``triton.launch_plan``), the score scale its
+``score_scale``; both are cached per call signature. Layouts it takes: q compact or a
+strided view on D-wide rows (vLLM's q), the fused cache's views or two compact caches,
+compact int32 metadata and gate. Anything else goes to the default route (``None`` from
+``sparse``), which handles every layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from qsa_torch_shim import _interop as I
+
+NAME = "triton-torch"
+
+_JNP = {torch.bfloat16: jnp.bfloat16, torch.float8_e4m3fn: jnp.float8_e4m3fn, torch.uint8: jnp.uint8,
+        torch.int32: jnp.int32}
+_TORCH = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class Routes:
+    """How many "triton-torch" calls launched directly and how many fell back (tests)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.direct = self.fallback = 0
+
+
+ROUTES = Routes()
+
+
+def why_not(device: torch.device) -> str | None:
+    """None when the kernels can be launched on ``device``'s tensors, else the reason."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"implementation='{NAME}' launches Triton kernels: it needs CUDA tensors (got {device})"
+    try:
+        _kernels()
+    except ImportError as exc:
+        return f"implementation='{NAME}' needs triton: {exc}"
+    return None
+
+
+@functools.cache
+def _kernels():
+    from qsa_jax.ops.sparse_attention import triton_kernels
+
+    return triton_kernels
+
+
+def _spec(t: torch.Tensor):
+    return jax.ShapeDtypeStruct(tuple(t.shape), _JNP[t.dtype])
+
+
+def _layout(q, k_cache, v_cache, logical_indices, block_table, token_to_req, output_gate):
+    """(q spec, kv spec, K/V tensors) when the kernels can read these tensors as they lie,
+    else None."""
+    from qsa_jax import StridedQuery
+
+    # Compact is enough: Triton takes any element-aligned pointer (JAX's import alignment,
+    # _interop.is_aligned, does not apply here).
+    meta = (logical_indices, block_table, token_to_req, output_gate)
+    if any(t.dtype not in _JNP or not t.is_contiguous() for t in meta) or q.dtype not in _JNP:
+        return None
+    if q.is_contiguous():
+        q_spec = _spec(q)
+    else:
+        geometry = I.strided_query_geometry(q)
+        if geometry is None:
+            return None
+        n, row_stride, head_stride = geometry
+        q_spec = StridedQuery(jax.ShapeDtypeStruct((n, q.shape[2]), _JNP[q.dtype]), q.shape[0], q.shape[1],
+                              row_stride, head_stride)
+    if k_cache.dtype not in _JNP:
+        return None
+    fused = I.fused_kv_shape(k_cache, v_cache)
+    if fused is not None:
+        # K's view starts at the fused buffer's first element; V is read at V_OFFSET from it.
+        return q_spec, jax.ShapeDtypeStruct(fused[0], _JNP[k_cache.dtype]), (k_cache, k_cache)
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        return q_spec, (_spec(k_cache), _spec(v_cache)), (k_cache, v_cache)
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _problem(q_spec, kv_spec, li, bt, tr, gate, use_prefill_config: bool, scaled: bool, table):
+    from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+    from qsa_jax.ops.sparse_attention.triton import launch_plan
+
+    problem = check_sparse_attention_args(q_spec, kv_spec, li, bt, tr, gate, use_prefill_config=use_prefill_config,
+                                          config=table, scales_given=(scaled, scaled))
+    return problem, (launch_plan(problem) if problem.num_rows else None)
+
+
+_SCALES: dict = {}
+
+
+def _scale_pair(head_dim: int, scales, device: torch.device) -> torch.Tensor:
+    """qsa_jax's fp32 ``[score scale, output scale]`` on ``device``, cached per value."""
+    from qsa_jax.ops.sparse_attention.base import score_scale
+
+    key = (head_dim, scales, device)
+    found = _SCALES.get(key)
+    if found is None:
+        if len(_SCALES) > 4096:  # per layer, not per call
+            _SCALES.clear()
+        found = _SCALES[key] = torch.tensor([score_scale(head_dim, scales[0]), scales[1]],
+                                            dtype=torch.float32, device=device)
+    return found
+
+
+def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_prefill_config, out,
+           output_gate, scales, table):
+    """The call on the torch tensors (validated by the caller), or None when their layout
+    needs the default route. ``scales``: the (k, v) host floats of an fp8 cache, else None."""
+    reason = why_not(q.device)
+    if reason is not None:
+        raise NotImplementedError(reason)
+    gate = output_gate.view_as(q) if output_gate.is_contiguous() else output_gate
+    found = _layout(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate)
+    if found is None or (out is not None and not out.is_contiguous()):
+        ROUTES.fallback += 1
+        return None
+    q_spec, kv_spec, (k_arg, v_arg) = found
+    problem, plan = _problem(q_spec, kv_spec, _spec(logical_indices), _spec(block_table), _spec(token_to_req),
+                             _spec(gate), bool(use_prefill_config), scales is not None, table)
+    ROUTES.direct += 1
+    rows = problem.num_rows
+    result = out if out is not None else torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    if not rows:
+        return result
+    k = _kernels()
+    # Without scales the kernel never reads the scale slot: any tensor fills it.
+    scale = _scale_pair(problem.head_dim, scales, q.device) if plan.scaled else token_to_req
+    if plan.merge_grid is None:
+        outputs = (result, _dummy(q.device))
+    else:
+        outputs = tuple(torch.empty(shape, dtype=_TORCH[dtype], device=q.device) for shape, dtype in plan.out_shapes)
+    k.sparse_attention_split_kernel[plan.split_grid](
+        q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scale,
+        rows, problem.num_requests, problem.kv.num_pages, *outputs, **dict(plan.split_meta))
+    if plan.merge_grid is not None:
+        k.sparse_attention_merge_kernel[plan.merge_grid](*outputs, gate, rows, result, **dict(plan.merge_meta))
+    return result
+
+
+_DUMMIES: dict = {}
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """The one-split launch's unused lse slot."""
+    found = _DUMMIES.get(device)
+    if found is None:
+        found = _DUMMIES[device] = torch.empty((1,), dtype=torch.float32, device=device)
+    return found

@@ -1,0 +1,227 @@
+"""The shim's ``implementation="triton-torch"`` (qsa_torch_shim/_direct.py): qsa_jax's jax-triton
+kernels launched by Triton itself on the torch tensors.
+
+On CPU the kernels run in Triton's interpreter, in a subprocess (the interpreter must be on
+before triton is imported): ``python tests/test_shim_direct.py --interpret``. Each call is
+checked against the shim's ``implementation="xla"`` on the same tensors under the fidelity
+contract, on fresh random inputs with edge rows (invalid requests, -1 padding, empty rows) and
+NaN in every unreferenced cache value, and with ``out`` filled with NaN first: the fused
+cache's views, two compact caches, vLLM's strided q, e4m3 and uint8 caches with scales, one
+split and several. The GPU timing is ``tools/profile_shim.py``'s (notes/shim.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def test_triton_torch_needs_cuda_tensors_outside_the_interpreter(monkeypatch):
+    import torch
+
+    import qsa_torch_shim as S
+    from qsa_testing import cases as C
+    from qsa_testing.torch_interop import kv_views, to_torch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rng = np.random.default_rng(1)
+    case = C.sparse_attention_case(rng, name="cpu", rows=3, num_query_heads=4, num_kv_heads=2, head_dim=16,
+                                   page_size=8, selection_blocks=4, context_tokens=32, num_requests=2)
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    k, v = kv_views(t(case.kv_cache), 16)
+    with pytest.raises(NotImplementedError, match="triton-torch.*needs CUDA tensors"):
+        S.qsa_sparse_paged_attention(t(case.q), k, v, t(case.logical_indices), t(case.block_table),
+                                     t(case.token_to_req), False, output_gate=t(case.output_gate),
+                                     implementation="triton-torch")
+    assert torch.cuda.is_available() or True  # the route's reason names the device, not the machine
+
+
+def test_triton_torch_in_triton_interpreter():
+    done = subprocess.run([sys.executable, __file__, "--interpret"], cwd=REPO, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"})
+    print(done.stdout[-4000:], done.stderr[-4000:])
+    assert done.returncode == 0 and "DIRECT OK" in done.stdout
+
+
+# ============================================================================ GPU
+
+def _gpu_skip_reason():
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU: torch sees none"
+    from qsa_jax.ops.sparse_attention import triton as tri
+
+    return tri.why_not()
+
+
+def _gpu_call(rows: int, kv_dtype: str, seed: int):
+    """TP1 inputs at the real shapes (W = 2051, 64-token pages, a ~0.6 GB pool shared by
+    8 requests), NaN in the pool's unreferenced pages."""
+    import torch
+
+    from qsa_jax import arg_specs
+    from qsa_testing import cases as C
+    from qsa_testing.torch_interop import kv_views, random_kv_pool, to_torch
+
+    g = arg_specs.GEOMETRIES["TP1"]
+    rng = np.random.default_rng(seed)
+    case = C.sparse_attention_case(rng, rows=rows, num_query_heads=g.num_query_heads, num_kv_heads=g.num_kv_heads,
+                                   head_dim=g.head_dim, page_size=g.page_size, selection_blocks=512,
+                                   context_tokens=16384, num_requests=min(rows, 8), num_pages=600, make_cache=False)
+    t = lambda x: to_torch(x, "cuda")  # noqa: E731
+    kv = random_kv_pool(g, 600, seed=seed)
+    used = torch.unique(t(case.block_table).clamp(min=0).long())
+    unused = torch.ones(600, dtype=torch.bool, device="cuda")
+    unused[used] = False
+    kv[unused] = float("nan")
+    scales = {}
+    if kv_dtype == "e4m3":
+        kv, scales = kv.to(torch.float8_e4m3fn), dict(k_scale=0.5, v_scale=2.0)
+    k, v = kv_views(kv, g.head_dim)
+    args = (t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req), False)
+    return args, t(case.output_gate), scales
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
+@pytest.mark.parametrize("rows", [1, 64, 1024, 2049])
+def test_gpu_triton_torch_equals_the_jax_route(rows, kv_dtype):
+    """The same kernels at the same tiling as implementation="triton" (through JAX): the
+    same bits, written into a NaN-filled ``out`` in place."""
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    import qsa_torch_shim as S
+    from qsa_torch_shim import _direct
+
+    args, gate, scales = _gpu_call(rows, kv_dtype, seed=rows)
+    want = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="triton", **scales)
+    out = torch.full_like(args[0], float("nan"))
+    before = _direct.ROUTES.direct
+    got = S.qsa_sparse_paged_attention(*args, out, output_gate=gate, implementation="triton-torch", **scales)
+    torch.cuda.synchronize()
+    assert got is out and _direct.ROUTES.direct == before + 1
+    assert torch.isfinite(got).all()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_gpu_triton_torch_follows_torchs_stream():
+    """Launched on torch's current stream: q written there after a long sleep is what the
+    kernels read, and the output is complete when torch reads it next on that stream."""
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    import qsa_torch_shim as S
+
+    args, gate, _ = _gpu_call(2048, "bf16", seed=5)
+    q_sets = [args[0].clone(), (-args[0]).clone()]
+    expected = [S.qsa_sparse_paged_attention(qs, *args[1:], output_gate=gate, implementation="triton").clone()
+                for qs in q_sets]
+    torch.cuda.synchronize()
+    assert not torch.equal(expected[0], expected[1])
+    side, q, out = torch.cuda.Stream(), torch.empty_like(args[0]), torch.empty_like(args[0])
+    results = torch.empty((20,) + tuple(out.shape), dtype=out.dtype, device="cuda")
+    with torch.cuda.stream(side):
+        for it in range(20):
+            torch.cuda._sleep(2_000_000)
+            q.copy_(q_sets[it % 2])
+            out.fill_(float("nan"))
+            S.qsa_sparse_paged_attention(q, *args[1:], out, output_gate=gate, implementation="triton-torch")
+            results[it].copy_(out)
+    torch.cuda.synchronize()
+    bad = [it for it in range(20) if not torch.equal(results[it], expected[it % 2])]
+    assert not bad, f"iterations {bad} read stale inputs or unwritten output"
+
+
+def _variants(torch, case, C, kv_views, t):
+    """(name, q, k, v, scales) of one case in each layout and cache dtype the route reads."""
+    d = case.head_dim
+    fused = t(case.kv_cache)
+    qkv, start = C.qkv_with_query(case.q, case.kv_cache.shape[1], leading_heads=1)
+    rows, heads = case.q.shape[:2]
+    strided_q = t(qkv)[:, start:start + heads * d].view(rows, heads, d)
+    assert not strided_q.is_contiguous()
+    split = [fused[..., i * d:(i + 1) * d].transpose(1, 2).contiguous() for i in range(2)]
+    e4m3 = fused.float().mul(4).to(torch.float8_e4m3fn)
+    yield "fused", t(case.q), *kv_views(fused, d), None
+    yield "strided_q", strided_q, *kv_views(fused, d), None
+    yield "split", t(case.q), *split, None
+    yield "e4m3", t(case.q), *kv_views(e4m3, d), (0.5, 2.0)
+    yield "e4m3_bytes", t(case.q), *kv_views(e4m3.view(torch.uint8), d), (0.5, 2.0)
+
+
+def interpret_main() -> int:
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import warnings
+
+    import torch
+    import triton  # noqa: F401  (before the kernels: interpreter mode)
+
+    from qsa_testing.triton_interpreter import patch_interpreter
+
+    patch_interpreter()
+    import qsa_torch_shim as S
+    from qsa_jax.config import select_config
+    from qsa_torch_shim import _direct
+    from qsa_testing import cases as C
+    from qsa_testing.agreement import assert_fidelity
+    from qsa_testing.torch_interop import kv_views, to_numpy, to_torch
+
+    warnings.simplefilter("ignore", S.ShimCopyWarning)  # the xla reference's CPU copy-back
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    plans = set()
+    calls = 0
+    for rows in (10, 160):  # 20 programs: several splits; 320: one split (asserted below)
+        case = C.sparse_attention_case(rng, name=f"direct{rows}", rows=rows, num_query_heads=4, num_kv_heads=2,
+                                       head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
+                                       num_requests=4)
+        case = C.poison_unread_values(C.add_edge_rows(rng, case))
+        splits = select_config(rows, 2, False, case.selection_width).num_splits
+        meta = [t(case.logical_indices), t(case.block_table), t(case.token_to_req), False]
+        gate = t(case.output_gate)
+        for name, q, k, v, scales in _variants(torch, case, C, kv_views, t):
+            extra = {} if scales is None else dict(k_scale=scales[0], v_scale=scales[1])
+            want = S.qsa_sparse_paged_attention(q, k, v, *meta, output_gate=gate, implementation="xla", **extra)
+            for with_out in (False, True):
+                out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16) if with_out else None
+                before = _direct.ROUTES.direct
+                got = S.qsa_sparse_paged_attention(q, k, v, *meta, out, output_gate=gate,
+                                                   implementation="triton-torch", **extra)
+                assert _direct.ROUTES.direct == before + 1, f"{name}: not the direct route"
+                assert got is out or out is None
+                calls += 1
+                res = assert_fidelity(to_numpy(got), to_numpy(want), what=f"{name} rows={rows} out={with_out}")
+                print(f"direct {name} rows={rows} splits={splits} out={with_out} rel_err={res['rel_err']:.2e}")
+            plans.add(splits == 1)
+    assert plans == {True, False}, "both the one-split and the merge launch must run"
+    # Layouts the kernels cannot read in place go to the default route (None here).
+    case = C.sparse_attention_case(rng, name="fallback", rows=4, num_query_heads=4, num_kv_heads=2, head_dim=16,
+                                   page_size=8, selection_blocks=4, context_tokens=32, num_requests=2)
+    k, v = kv_views(t(case.kv_cache), 16)
+    wide_gate = torch.zeros((4, 4, 32), dtype=torch.bfloat16)[..., :16]  # not compact
+    assert _direct.sparse(t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req),
+                          False, None, wide_gate, None, None) is None
+    assert _direct.ROUTES.fallback == 1 and _direct.ROUTES.direct == calls
+    print("DIRECT OK")
+    return 0
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    sys.exit(interpret_main())
