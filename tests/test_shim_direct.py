@@ -24,8 +24,6 @@ sys.path.insert(0, REPO)
 
 
 def test_triton_torch_needs_cuda_tensors_outside_the_interpreter(monkeypatch):
-    import torch
-
     import qsa_torch_shim as S
     from qsa_testing import cases as C
     from qsa_testing.torch_interop import kv_views, to_torch
@@ -40,7 +38,6 @@ def test_triton_torch_needs_cuda_tensors_outside_the_interpreter(monkeypatch):
         S.qsa_sparse_paged_attention(t(case.q), k, v, t(case.logical_indices), t(case.block_table),
                                      t(case.token_to_req), False, output_gate=t(case.output_gate),
                                      implementation="triton-torch")
-    assert torch.cuda.is_available() or True  # the route's reason names the device, not the machine
 
 
 def test_triton_torch_in_triton_interpreter():
