@@ -10,12 +10,16 @@ Conversion and launch only: the problem (checks, tiling, launch knobs) is qsa_ja
 (``check_sparse_attention_args``, ``triton.launch_plan``), the score scale its
 ``score_scale``; both are cached per call signature. Layouts it takes: q compact or a
 strided view on D-wide rows (vLLM's q), the fused cache's views or two compact caches,
-compact int32 metadata and gate. Anything else goes to the default route (``None`` from
-``sparse``), which handles every layout.
+compact int32 metadata and gate; a non-compact ``out`` gets the result by a torch copy
+(``ShimCopyWarning``). Anything else goes to the JAX route (``None`` from ``sparse``), which
+handles every layout. The launches go to ``q``'s device and its current stream. The tiling
+is chosen as qsa_jax chooses it for JAX's default device (``config``), which is the torch
+tensors' device in a one-GPU process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -111,14 +115,14 @@ _SCALES: dict = {}
 
 
 def _scale_pair(head_dim: int, scales, device: torch.device) -> torch.Tensor:
-    """qsa_jax's fp32 ``[score scale, output scale]`` on ``device``, cached per value."""
+    """qsa_jax's fp32 ``[score scale, output scale]`` on ``device``, cached per value (a
+    model has one pair per layer). Entries are never dropped: a kernel still queued on
+    some stream may read one."""
     from qsa_jax.ops.sparse_attention.base import score_scale
 
     key = (head_dim, scales, device)
     found = _SCALES.get(key)
     if found is None:
-        if len(_SCALES) > 4096:  # per layer, not per call
-            _SCALES.clear()
         found = _SCALES[key] = torch.tensor([score_scale(head_dim, scales[0]), scales[1]],
                                             dtype=torch.float32, device=device)
     return found
@@ -133,7 +137,7 @@ def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_
         raise NotImplementedError(reason)
     gate = output_gate.view_as(q) if output_gate.is_contiguous() else output_gate
     found = _layout(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate)
-    if found is None or (out is not None and not out.is_contiguous()):
+    if found is None:
         ROUTES.fallback += 1
         return None
     q_spec, kv_spec, (k_arg, v_arg) = found
@@ -141,9 +145,23 @@ def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_
                              _spec(gate), bool(use_prefill_config), scales is not None, table)
     ROUTES.direct += 1
     rows = problem.num_rows
-    result = out if out is not None else torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-    if not rows:
+    in_place = out is not None and out.is_contiguous()
+    result = out if in_place else torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    if rows:
+        with torch.cuda.device(q.device) if q.is_cuda else _NO_DEVICE:
+            _launch(plan, problem, q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scales, result)
+    if out is None or in_place:
         return result
+    I.warn_copy("out", "is not compact, so the kernel cannot write into it", stacklevel=5)
+    out.copy_(result)  # on the same stream as the launches
+    return out
+
+
+_NO_DEVICE = contextlib.nullcontext()
+
+
+def _launch(plan, problem, q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scales, result):
+    rows = problem.num_rows
     k = _kernels()
     # Without scales the kernel never reads the scale slot: any tensor fills it.
     scale = _scale_pair(problem.head_dim, scales, q.device) if plan.scaled else token_to_req
@@ -156,7 +174,6 @@ def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_
         rows, problem.num_requests, problem.kv.num_pages, *outputs, **dict(plan.split_meta))
     if plan.merge_grid is not None:
         k.sparse_attention_merge_kernel[plan.merge_grid](*outputs, gate, rows, result, **dict(plan.merge_meta))
-    return result
 
 
 _DUMMIES: dict = {}

@@ -90,7 +90,8 @@ def _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_
                     use_prefill_config, out, output_gate, k_scale, v_scale, surface):
     """``implementation="triton-torch"`` (``_direct``): the originals' checks, then the
     jax-triton kernels launched by Triton on torch's stream; layouts they cannot read as
-    they lie, and torch.compile, take the same kernels through JAX (``"triton"``)."""
+    they lie, and torch.compile, take the same kernels through JAX (``"triton"``; qsa_jax's
+    default where jax-triton is not installed)."""
     scales = _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table,
                                   token_to_req, out, output_gate, k_scale, v_scale, surface=surface)
     if not torch.compiler.is_compiling():
@@ -98,8 +99,12 @@ def _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_
                                 use_prefill_config, out, output_gate, scales, _jax_side.TILING_TABLE[0])
         if result is not None:
             return result
+    # The same kernels through JAX where jax-triton runs; else qsa_jax's own choice.
+    from qsa_jax.ops.sparse_attention import triton as jax_triton_route
+
+    fallback = "triton" if jax_triton_route.why_not() is None else None
     return sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                                  use_prefill_config, out, output_gate, "triton", scales)
+                                  use_prefill_config, out, output_gate, fallback, scales)
 
 
 def qsa_sparse_paged_attention(

@@ -5,8 +5,8 @@ On CPU the kernels run in Triton's interpreter, in a subprocess (the interpreter
 before triton is imported): ``python tests/test_shim_direct.py --interpret``. Each call is
 checked against the shim's ``implementation="xla"`` on the same tensors under the fidelity
 contract, on fresh random inputs with edge rows (invalid requests, -1 padding, empty rows) and
-NaN in every unreferenced cache value, and with ``out`` filled with NaN first: the fused
-cache's views, two compact caches, vLLM's strided q, e4m3 and uint8 caches with scales, one
+NaN in every unreferenced cache value, and with ``out`` filled with NaN first (also a
+non-compact ``out``, which gets a copy): the fused cache's views, two compact caches, vLLM's strided q, e4m3 and uint8 caches with scales, one
 split and several. The GPU timing is ``tools/profile_shim.py``'s (notes/shim.md).
 """
 
@@ -206,15 +206,32 @@ def interpret_main() -> int:
                 calls += 1
                 res = assert_fidelity(to_numpy(got), to_numpy(want), what=f"{name} rows={rows} out={with_out}")
                 print(f"direct {name} rows={rows} splits={splits} out={with_out} rel_err={res['rel_err']:.2e}")
+            if name == "fused":  # a non-compact out: the kernel writes a temporary, torch copies
+                wide = torch.full(q.shape[:2] + (2 * q.shape[2],), float("nan"), dtype=torch.bfloat16)
+                out = wide[..., : q.shape[2]]
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", S.ShimCopyWarning)
+                    got = S.qsa_sparse_paged_attention(q, k, v, *meta, out, output_gate=gate,
+                                                       implementation="triton-torch", **extra)
+                assert got is out and any("out is not compact" in str(w.message) for w in caught)
+                assert torch.isnan(wide[..., q.shape[2]:]).all()  # nothing written beside the view
+                assert_fidelity(to_numpy(got), to_numpy(want), what=f"non-compact out rows={rows}")
+                calls += 1
             plans.add(splits == 1)
     assert plans == {True, False}, "both the one-split and the merge launch must run"
-    # Layouts the kernels cannot read in place go to the default route (None here).
+    # Layouts the kernels cannot read in place take the JAX route: jax-triton where it runs,
+    # else qsa_jax's default (here, without a GPU: xla).
     case = C.sparse_attention_case(rng, name="fallback", rows=4, num_query_heads=4, num_kv_heads=2, head_dim=16,
                                    page_size=8, selection_blocks=4, context_tokens=32, num_requests=2)
-    k, v = kv_views(t(case.kv_cache), 16)
-    wide_gate = torch.zeros((4, 4, 32), dtype=torch.bfloat16)[..., :16]  # not compact
-    assert _direct.sparse(t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req),
-                          False, None, wide_gate, None, None) is None
+    # K/V as views of a [NB, P, Hk, 2D] buffer (vLLM's operator test builds that layout): neither
+    # the fused cache's views nor compact caches.
+    pairs = t(case.kv_cache).transpose(1, 2).contiguous()
+    args = (t(case.q), pairs[..., :16], pairs[..., 16:], t(case.logical_indices), t(case.block_table),
+            t(case.token_to_req), False)
+    gate = t(case.output_gate)
+    got = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="triton-torch")
+    want = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="xla")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert _direct.ROUTES.fallback == 1 and _direct.ROUTES.direct == calls
     print("DIRECT OK")
     return 0

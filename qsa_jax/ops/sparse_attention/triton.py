@@ -26,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from qsa_jax.config import next_pow2, triton_launch, triton_tiling
+from qsa_jax.config import device_capability, next_pow2, triton_launch, triton_tiling
 from qsa_jax.ops import _triton_support
 from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem
 
@@ -58,9 +58,14 @@ class LaunchPlan:
     scaled: bool
 
 
-@functools.lru_cache(maxsize=256)
 def launch_plan(problem: SparseAttentionProblem) -> LaunchPlan:
-    """The launches ``run`` makes for ``problem`` (rows > 0), cached per problem."""
+    """The launches ``run`` makes for ``problem`` (rows > 0), cached per problem and device
+    capability (the launch tables depend on it)."""
+    return _launch_plan(problem, device_capability())
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
     p = problem
     cfg = triton_tiling(p)
     launch = triton_launch(p)
