@@ -468,9 +468,9 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     programs                    Pallas       jax-triton
     ==========================  ===========  ===========
     256, 1024, 2048             1.22-1.41x   0.97-1.00x
-    512                         --           1.00-1.02x
+    512                         --           1.00-1.04x
     4096                        1.06-1.11x   0.73-0.85x
-    8192                        1.07-1.12x   0.74-0.84x
+    8192                        1.07-1.12x   0.73-0.84x
     4096, prefill flag (TP1)    1.37x        1.05x
     ==========================  ===========  ===========
 

@@ -90,11 +90,12 @@ DEFAULT_ORDER = "selection"
 # 52 KB shared (two programs per SM); 64 lanes 234 registers, 88 KB (one); no spills.
 INVERTED_BLOCK_ROWS = 16
 INVERTED_LANES = 32
-# Its warps: 2. Its dots are [lanes, block_n] = [32, 16] tiles, which 8 warps cover only by
-# repeating work. H200, TP1 1024 rows, one request per row (session 9): the kernel took
-# 6.76 ms at 8 warps, 4.68 at 4 and 2.99 at 2; Nsight read 4.3x the default walk's HMMA
-# instructions at 8 warps. At 2 warps ptxas gives 255 registers and 28 bytes of spill
-# stores (sm_90 on CPU), against 133 registers and none at 4.
+# Its warps: 2. Its dots are [lanes, block_n] = [32, 16] tiles, which 8 warps likely cover
+# by repeating work. H200, TP1 1024 rows, one request per row (session 9): the kernel took
+# 6.76 ms at 8 warps, 4.68 at 4 and 2.99 at 2; at 8 warps Nsight read 4.3x the HMMA
+# instructions of the default walk (which computes dq as well). At 2 warps ptxas gives 255
+# registers and 8-28 bytes of spill stores (sm_90 on CPU; not read on the GPU), against 133
+# registers and none at 4.
 INVERTED_WARPS = 2
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
