@@ -111,6 +111,34 @@ def _problem(q_spec, kv_spec, li, bt, tr, gate, use_prefill_config: bool, scaled
     return problem, (launch_plan(problem) if problem.num_rows else None)
 
 
+# (problem, plan, fused) or False (the JAX route) per call signature: the tensors' shapes,
+# strides and dtypes and the static arguments. Strides decide every layout question but one,
+# whether K and V are views of one buffer, which each hit re-checks (attribute reads).
+_SIGNATURES: dict = {}
+
+
+def _signature(q, k, v, logical_indices, block_table, token_to_req, gate, prefill: bool, scaled: bool, table):
+    return (prefill, scaled, table) + tuple(
+        (t.shape, t.stride(), t.dtype) for t in (q, k, v, logical_indices, block_table, token_to_req, gate))
+
+
+def _plan(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate, key, keep=True):
+    """The signature's entry, built (and kept for the signature unless ``keep`` is False)."""
+    found = _layout(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate)
+    if found is None:
+        entry = False
+    else:
+        q_spec, kv_spec, _ = found
+        problem, plan = _problem(q_spec, kv_spec, _spec(logical_indices), _spec(block_table),
+                                 _spec(token_to_req), _spec(gate), *key[:3])
+        entry = (problem, plan, isinstance(kv_spec, jax.ShapeDtypeStruct))
+    if keep:
+        if len(_SIGNATURES) > 4096:  # shapes per batch size and layer kind, not per call
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = entry
+    return entry
+
+
 _SCALES: dict = {}
 
 
@@ -136,13 +164,19 @@ def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_
     if reason is not None:
         raise NotImplementedError(reason)
     gate = output_gate.view_as(q) if output_gate.is_contiguous() else output_gate
-    found = _layout(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate)
-    if found is None:
+    key = _signature(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
+                     bool(use_prefill_config), scales is not None, table)
+    entry = _SIGNATURES.get(key)
+    if entry and entry[2] and I.fused_kv_shape(k_cache, v_cache) is None:
+        # The same strides, but not the two halves of one buffer this time: this call only.
+        entry = _plan(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate, key, keep=False)
+    elif entry is None:
+        entry = _plan(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate, key)
+    if entry is False:
         ROUTES.fallback += 1
         return None
-    q_spec, kv_spec, (k_arg, v_arg) = found
-    problem, plan = _problem(q_spec, kv_spec, _spec(logical_indices), _spec(block_table), _spec(token_to_req),
-                             _spec(gate), bool(use_prefill_config), scales is not None, table)
+    problem, plan, fused = entry
+    k_arg, v_arg = (k_cache, k_cache) if fused else (k_cache, v_cache)
     ROUTES.direct += 1
     rows = problem.num_rows
     in_place = out is not None and out.is_contiguous()

@@ -233,6 +233,20 @@ def interpret_main() -> int:
     want = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="xla")
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert _direct.ROUTES.fallback == 1 and _direct.ROUTES.direct == calls
+    # The call-signature cache keys on strides: K of one fused buffer with V of another has the
+    # strides of a fused pair, so each hit re-checks the pair (else V would be read from K's).
+    fused_a = t(case.kv_cache)
+    fused_b = fused_a.clone()
+    fused_b[..., 16:] = -fused_b[..., 16:]
+    (k_a, v_a), (_, v_b) = kv_views(fused_a, 16), kv_views(fused_b, 16)
+    meta = args[3:]
+    for k, v, route in ((k_a, v_a, "direct"), (k_a, v_b, "fallback"), (k_a, v_a, "direct")):
+        before = (_direct.ROUTES.direct, _direct.ROUTES.fallback)
+        got = S.qsa_sparse_paged_attention(args[0], k, v, *meta, output_gate=gate, implementation="triton-torch")
+        want = S.qsa_sparse_paged_attention(args[0], k, v, *meta, output_gate=gate, implementation="xla")
+        assert_fidelity(to_numpy(got), to_numpy(want), what=f"mixed buffers, {route}")
+        moved = (_direct.ROUTES.direct - before[0], _direct.ROUTES.fallback - before[1])
+        assert moved == ((1, 0) if route == "direct" else (0, 1)), (route, moved)
     print("DIRECT OK")
     return 0
 
