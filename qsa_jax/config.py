@@ -475,8 +475,8 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     ==========================  ===========  ===========
 
     Elsewhere -- 2+ warps (1-128 programs; timed at 8, 32 and 128: Pallas 0.95-1.10x,
-    jax-triton at the table's 2 warps 1.07-1.35x), vLLM's tables or an explicit ``config=`` (not measured this way) --
-    Pallas stays first. A ``launch=`` record's implementation goes first (it names the
+    jax-triton at the table's 2 warps 1.07-1.35x), vLLM's tables or an explicit ``config=``
+    (not measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes first (it names the
     implementation it is for).
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend

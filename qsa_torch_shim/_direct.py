@@ -101,7 +101,6 @@ def _layout(q, k_cache, v_cache, logical_indices, block_table, token_to_req, out
     return None
 
 
-@functools.lru_cache(maxsize=1024)
 def _problem(q_spec, kv_spec, li, bt, tr, gate, use_prefill_config: bool, scaled: bool, table):
     from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
     from qsa_jax.ops.sparse_attention.triton import launch_plan
@@ -198,7 +197,7 @@ def _launch(plan, problem, q, k_arg, v_arg, logical_indices, block_table, token_
     rows = problem.num_rows
     k = _kernels()
     # Without scales the kernel never reads the scale slot: any tensor fills it.
-    scale = _scale_pair(problem.head_dim, scales, q.device) if plan.scaled else token_to_req
+    scale = _scale_pair(problem.head_dim, scales, q.device) if problem.scaled else token_to_req
     if plan.merge_grid is None:
         outputs = (result, _dummy(q.device))
     else:

@@ -4,8 +4,9 @@ Same names, signatures, validation and exception types as vLLM 0.34.0's
 originals (which accept every 0.30.0 call too); the computation runs in qsa_jax.
 The only addition is a keyword-only ``implementation=`` ("triton", "pallas",
 "xla" or None: qsa_jax's default for the backend; for the sparse attention also
-"triton-torch": the jax-triton kernels launched by Triton on torch's stream, ``_direct``). ``vllm_0_30`` is the same
-module with 0.30.0's signatures, for ``install()`` beside a vLLM of that line.
+"triton-torch": the jax-triton kernels launched by Triton on torch's stream,
+``_direct``). ``vllm_0_30`` is the same module with 0.30.0's signatures, for
+``install()`` beside a vLLM of that line.
 
 Each public function checks its arguments (``_checks``) and then runs the eager
 path (``_eager``), or, while torch.compile traces, the torch custom op around
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from qsa_jax.ops.sparse_attention import triton as _jax_triton_route
 from qsa_torch_shim import _call_cache, _checks, _direct, _eager, _jax_side, _warmup
 from qsa_torch_shim._warmup import _select_config, warmup_rows
 
@@ -100,9 +102,7 @@ def _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_
         if result is not None:
             return result
     # The same kernels through JAX where jax-triton runs; else qsa_jax's own choice.
-    from qsa_jax.ops.sparse_attention import triton as jax_triton_route
-
-    fallback = "triton" if jax_triton_route.why_not() is None else None
+    fallback = "triton" if _jax_triton_route.why_not() is None else None
     return sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                                   use_prefill_config, out, output_gate, fallback, scales)
 

@@ -45,7 +45,8 @@ class LaunchPlan:
     ``jax_triton.triton_call``, or qsa_torch_shim's ``implementation="triton-torch"`` through
     Triton's own launcher on torch tensors. Kernel arguments, in order: q, K, V,
     logical_indices, block_table, token_to_req, the gate ([R, H, D]), the scale pair (fp32
-    ``[score scale, output scale]``, ``base.scale_operand``; any array when not ``scaled``),
+    ``[score scale, output scale]``, ``base.scale_operand``; any array when the problem is not
+    ``scaled``; for the fused cache K and V are both the fused buffer, V at ``V_OFFSET``),
     rows, requests, pages, then the outputs (``out_shapes``); the merge takes the partials,
     their lse, the gate and rows, then its output ([R, H, D] bf16)."""
 
@@ -54,8 +55,6 @@ class LaunchPlan:
     out_shapes: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per output
     merge_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the result
     merge_meta: tuple[tuple[str, object], ...] | None
-    shared_kv: bool  # the fused cache: K and V are the same buffer (V at V_OFFSET)
-    scaled: bool
 
 
 def launch_plan(problem: SparseAttentionProblem) -> LaunchPlan:
@@ -89,13 +88,13 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
     if splits == 1:
         return LaunchPlan((rows, kv.num_kv_heads, 1), tuple(split_meta.items()),
                           (((rows, heads, d), "bfloat16"), ((1,), "float32")),  # lse slot unused
-                          None, None, kv.fused, p.scaled)
+                          None, None)
     block_d = launch.merge_block_d
     merge_meta = dict(num_warps=launch.merge_warps, num_stages=1, HEADS=heads, D=d, NUM_SPLITS=splits,
                       BLOCK_S=next_pow2(splits), BLOCK_D=block_d)
     return LaunchPlan((rows, kv.num_kv_heads, splits), tuple(split_meta.items()),
                       (((splits, rows, heads, d), "float32"), ((splits, rows, heads), "float32")),
-                      (rows, heads, d // block_d), tuple(merge_meta.items()), kv.fused, p.scaled)
+                      (rows, heads, d // block_d), tuple(merge_meta.items()))
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
@@ -106,13 +105,13 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     if rows == 0:
         return jnp.zeros((0, heads, d), jnp.bfloat16)
     plan = launch_plan(p)
-    k_arr, v_arr = (kv_arrays[0], kv_arrays[0]) if plan.shared_kv else kv_arrays
+    k_arr, v_arr = (kv_arrays[0], kv_arrays[0]) if p.kv.fused else kv_arrays
     gate = output_gate.reshape(rows, heads, d)
     split_meta = dict(plan.split_meta)
     partial, lse = _jt.triton_call(
         # Without scales the kernel never reads scale_ptr: any array fills the slot.
         q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
-        scales if plan.scaled else token_to_req, rows, p.num_requests, p.kv.num_pages,
+        scales if p.scaled else token_to_req, rows, p.num_requests, p.kv.num_pages,
         kernel=_k.sparse_attention_split_kernel,
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in plan.out_shapes],
         grid=plan.split_grid,
