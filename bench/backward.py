@@ -2,15 +2,16 @@
 
     python -m bench.backward [--tp TP1] [--rows 1024,2048] [--requests 0,1] [--out DIR]
                              [--variants sorted,sorted:32:8:17,16:4,inverted,inverted:16:8:0:64]
-                             [--grad-orders inverted]
+                             [--grad-orders selection]
 
 Per (geometry, rows, requests), on one set of fresh inputs at the real shapes (GPU; CPU runs
 reduced sizes as a smoke test, see ``bench.inputs.geometry``):
 
 * ``forward``: the Pallas forward alone (what inference runs);
-* ``backward``: the Pallas backward alone (``backward_pallas.pallas_backward``: the
-  XLA pre-pass, the kernel, the bf16 conversion of the fp32 accumulators), from
-  residuals computed beforehand;
+* ``backward``: the Pallas backward alone (``backward_pallas.pallas_backward`` at its
+  default walk, ``resolve_order``: since session 10 the inverted one -- the XLA pre-pass,
+  the dq walk, the token-major dK/dV kernel and the index it reads), from residuals
+  computed beforehand;
 * ``grad pallas``: ``jax.grad`` through ``sparse_attention(implementation="pallas")``
   (the residual forward + the backward);
 * ``grad xla``: the same with ``implementation="xla"`` (the XLA reference forward
@@ -20,11 +21,12 @@ reduced sizes as a smoke test, see ``bench.inputs.geometry``):
 * each ``--variants`` entry ``[order:]block_n:num_warps[:splits[:lanes[:dq_warps]]]`` or just
   an order (``backward_pallas.ORDERS``, e.g. ``sorted``; 0: that knob's default; lanes and
   dq_warps: the inverted order's, e.g. ``inverted:16:2:0:0:4``): the backward alone with that
-  walk and launch (same gradient up to the atomics' summation order);
+  walk and launch (same gradient up to the atomics' summation order; a bare
+  ``block_n:num_warps`` applies to the default walk, i.e. the inverted one's dK/dV kernel);
 * ``grad pallas <order>`` for each ``--grad-orders`` entry: ``grad pallas`` with that order
-  as the Pallas backward's default while it is traced (e.g. ``inverted``);
-* ``backward acq_rel atomics`` (skip with ``--no-acq-rel``): the backward alone with its
-  fp32 atomics in Pallas's own acquire-release order, the default before session 6
+  as the Pallas backward's default while it is traced (e.g. ``selection``);
+* ``backward acq_rel atomics`` (skip with ``--no-acq-rel``): the selection walk alone with
+  its fp32 atomics in Pallas's own acquire-release order, the default before session 6
   (the default is relaxed order: qsa_jax/ops/_relaxed_atomics.py says why that is sound).
 
 Every backward step after the first also reports ``vs backward``: the largest relative
@@ -195,7 +197,7 @@ def main() -> int:
                       (inp.q, kv, inp.gate)),
                      backward("backward")]
             if a.acq_rel:
-                steps.append(backward("backward acq_rel atomics", relaxed_atomics=False))
+                steps.append(backward("backward acq_rel atomics", relaxed_atomics=False, order="selection"))
             steps += [backward(f"backward {label}", **v) for label, v in variants]
             steps.append(("grad pallas", grad_of("pallas"), (inp.q, kv, inp.gate)))
             steps += [(f"grad pallas {order}", grad_of("pallas"), (inp.q, kv, inp.gate))

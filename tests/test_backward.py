@@ -7,6 +7,8 @@ differences), and hand-computed cases for duplicates and shared pages.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -251,6 +253,9 @@ def test_pallas_backward_inverted_rejects_bad_launch_knobs():
         pallas_backward(p, *args, zeros, lse, zeros, order="inverted", block_n=8, dq_warps=3)
     with pytest.raises(ValueError, match="dq_warps is the inverted order's"):
         pallas_backward(p, *args, zeros, lse, zeros, order="selection", dq_warps=4)
+    # order=None on pages of 8 takes the selection walk; the inverted walk's knobs then say why
+    with pytest.raises(ValueError, match=r"lanes is the inverted order's.*order=None chose it"):
+        pallas_backward(p, *args, zeros, lse, zeros, lanes=16)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -400,20 +405,28 @@ def test_pallas_backward_lowers_to_triton_for_sm90(monkeypatch):
         assert "qsa_sparse_attention_backward" in text
         return text
 
-    export(jax.grad(loss, argnums=(0, 1, 2)), q, fused, q)
+    # order=None resolves to the inverted walk here (page 64 takes its 16-slot blocks).
+    assert "qsa_sparse_attention_backward_inverted" in export(jax.grad(loss, argnums=(0, 1, 2)), q, fused, q)
     p = _problem(case)
     lse = jax.ShapeDtypeStruct(case.q.shape[:2], jnp.float32)
     inverted = lambda q, kv, g, a, lse, c: backward_pallas.pallas_backward(  # noqa: E731
         p, q, (kv,), li, bt, tr, g, a, lse, c, order="inverted")
     text = export(inverted, q, fused, q, q, lse, q)
     assert "qsa_sparse_attention_backward_inverted" in text
-    # Launch warps as set in backward_pallas (the inverted kernel's measured on the H200,
-    # session 9: 2.99 ms at 2 warps against 6.76 at 8); the dq walk keeps the row walk's.
+    # Launch warps as set in backward_pallas (measured on the H200: the inverted kernel 2.99 ms
+    # at 2 warps against 6.76 at 8, session 9; its dq walk 1.61 ms at 2 against 3.11 at 8,
+    # session 10); the selection walk keeps its own.
     import re
 
     warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)', text))
     assert int(warps["qsa_sparse_attention_backward_inverted"]) == backward_pallas.INVERTED_WARPS == 2
-    assert int(warps["qsa_sparse_attention_backward"]) == backward_pallas.DEFAULT_WARPS
+    assert int(warps["qsa_sparse_attention_backward"]) == backward_pallas.INVERTED_DQ_WARPS == 2
+    selection = lambda q, kv, g, a, lse, c: backward_pallas.pallas_backward(  # noqa: E731
+        p, q, (kv,), li, bt, tr, g, a, lse, c, order="selection")
+    text = export(selection, q, fused, q, q, lse, q)
+    assert "qsa_sparse_attention_backward_inverted" not in text
+    warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)', text))
+    assert int(warps["qsa_sparse_attention_backward"]) == backward_pallas.DEFAULT_WARPS == 8
     dq4 = lambda q, kv, g, a, lse, c: backward_pallas.pallas_backward(  # noqa: E731
         p, q, (kv,), li, bt, tr, g, a, lse, c, order="inverted", dq_warps=4)
     warps = dict(re.findall(r'name = "(\w+)", num_stages = \d+ : i32, num_warps = (\d+)',
@@ -484,7 +497,30 @@ def test_bench_default_backward_order_retraces():
             q, kv, li, bt, tr, g, implementation="pallas").astype(jnp.float32).sum(), argnums=(0, 1, 2))
         return str(jax.make_jaxpr(grad)(*args))
 
-    assert "backward_inverted" not in traced()
-    with default_backward_order("inverted"):
-        assert "backward_inverted" in traced()
-    assert "backward_inverted" not in traced()
+    assert "backward_inverted" in traced()  # the default (page 16 takes its 16-slot blocks)
+    with default_backward_order("selection"):
+        assert "backward_inverted" not in traced()
+    assert "backward_inverted" in traced()
+
+
+def test_default_order_is_inverted_where_it_launches(monkeypatch):
+    """order=None takes the inverted walk when its default 16-slot blocks divide the page and
+    R x W < 2**31; otherwise the selection walk. The caller's knobs never change that choice:
+    they are checked against the walk chosen (an error, not a silent reinterpretation). An
+    explicit order is checked, not replaced."""
+    from qsa_jax.ops.sparse_attention import backward_pallas as BP
+
+    assert BP.DEFAULT_ORDER == "inverted" and BP.FALLBACK_ORDER == "selection"
+    p16, p8, p48 = (_problem(_case(page=page, context=96, edges=False)[0]) for page in (16, 8, 48))
+    assert BP.resolve_order(p16, None) == "inverted"
+    assert BP.resolve_order(p8, None) == "selection"  # 16 does not divide 8
+    assert BP.resolve_order(p48, None) == "inverted"  # 48 = 3 x 16
+    monkeypatch.setattr(BP, "interpret", lambda: False)
+    assert BP.resolve_order(p16, None) == "inverted"  # the GPU's rules hold for the defaults too
+    assert BP.resolve_order(p8, "inverted") == "inverted"  # explicit: pallas_backward then raises
+    # R x W at 2**31 entries: the inverted walk's int32 entry offsets would overflow.
+    huge = dataclasses.replace(p16, num_rows=-(-2**31 // p16.selection_width))
+    assert BP.resolve_order(huge, None) == "selection"
+    assert BP.resolve_order(dataclasses.replace(p16, num_rows=huge.num_rows - 1), None) == "inverted"
+    with pytest.raises(ValueError, match="order must be one of"):
+        BP.resolve_order(p16, "token-major")

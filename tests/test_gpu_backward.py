@@ -136,11 +136,11 @@ def test_triton_gradients_use_the_pallas_backward():
 
 
 @pytest.mark.parametrize("kw", [dict(order="sorted"), dict(order="sorted", num_splits=17),
-                                dict(relaxed_atomics=False), dict(order="inverted")],
-                         ids=["sorted", "sorted-17splits", "acq_rel", "inverted"])
+                                dict(order="selection", relaxed_atomics=False), dict(order="selection")],
+                         ids=["sorted", "sorted-17splits", "selection-acq_rel", "selection"])
 def test_pallas_backward_variants_agree_gpu(kw):
     """The backward's other walks (backward_pallas.ORDERS) and the acq_rel atomics give the
-    default's gradients up to summation order, at the real TP1 shapes with shared pages,
+    default's (the inverted walk's) gradients up to summation order, at the real TP1 shapes with shared pages,
     edge rows and NaN in every unreferenced row (which must still get exactly 0)."""
     from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
 

@@ -58,10 +58,13 @@ def test_relaxed_atomic_add_lowers_with_relaxed_order(triton_ir):
     assert _atomics(ttir) == [("fadd", "relaxed"), ("fadd", "acq_rel")]
 
 
+@pytest.mark.parametrize("order", ["selection", None])
 @pytest.mark.parametrize("relaxed", [True, False])
-def test_backward_kernel_atomics_follow_the_switch(triton_ir, monkeypatch, relaxed):
-    """pallas_backward's dK/dV (and split-K dq) atomics: relaxed by default, Pallas's
-    acq_rel with relaxed_atomics=False (the benchmark's A/B)."""
+def test_backward_kernel_atomics_follow_the_switch(triton_ir, monkeypatch, relaxed, order):
+    """pallas_backward's fp32 atomics: relaxed by default, Pallas's acq_rel with
+    relaxed_atomics=False (the benchmark's A/B). The selection walk has dK, dV and the
+    split-K dq in one kernel; the default (inverted) walk, two kernels, adds atomically
+    only in its split-K dq walk."""
     from qsa_jax.ops.sparse_attention import backward_pallas
     from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
     from qsa_testing import cases as C
@@ -77,14 +80,16 @@ def test_backward_kernel_atomics_follow_the_switch(triton_ir, monkeypatch, relax
     li, bt, tr = (jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
     problem = check_sparse_attention_args(q, kv, li, bt, tr, q, use_prefill_config=False, config=None)
     rows, heads, d = case.q.shape
+    assert backward_pallas.resolve_order(problem, order) == (order or "inverted")
 
     def backward(q, kv, g, att, lse, ct):
         return backward_pallas.pallas_backward(problem, q, (kv,), li, bt, tr, g, att, lse, ct,
-                                               num_splits=2, relaxed_atomics=relaxed)
+                                               num_splits=2, relaxed_atomics=relaxed, order=order)
 
     jax.jit(backward).trace(q, kv, q, q, sds((rows, heads), jnp.float32), q).lower(
         lowering_platforms=("cuda",))
-    (ttir,) = [t for t in triton_ir if "qsa_sparse_attention_backward" in t]
-    found = _atomics(ttir)
-    assert len(found) >= 3, found  # dK, dV and the split-K dq
+    kernels = [t for t in triton_ir if "qsa_sparse_attention_backward" in t]
+    assert len(kernels) == (1 if order == "selection" else 2), len(kernels)
+    found = [a for ttir in kernels for a in _atomics(ttir)]
+    assert len(found) >= (3 if order == "selection" else 1), found  # dK, dV and the split-K dq
     assert set(found) == {("fadd", "relaxed" if relaxed else "acq_rel")}, found

@@ -81,10 +81,11 @@ def _impls(op: str, only: str | None) -> list[str]:
 
 
 # Extra parts on shapes 0 (1 row, W 2051: many splits) and 2 (300 rows, W 259): fp8
-# caches with scales, the single-launch merge, and the Pallas backward (atomic adds into the
-# dK|dV accumulator: a stray address there writes, not just reads).
+# caches with scales, the single-launch merge, and the Pallas backward (its default walk on
+# these 16-slot pages is the inverted one since session 10: the dq walk's split-K atomic adds
+# and the token-major dK/dV kernel's writes, where a stray address writes, not just reads).
 EXTRA_PARTS = ("fp8", "fused", "backward")
-# fp8 also through jax-triton (the fp8 default on Hopper at one-warp tilings, session 8); the
+# fp8 also through jax-triton (the fp8 default on Hopper where the table names it, sessions 8-10); the
 # fused merge and the backward exist in Pallas only.
 EXTRA_PART_IMPLS = {"fp8": ("pallas", "triton"), "fused": ("pallas",), "backward": ("pallas",)}
 EXTRA_SHAPES = (0, 2)

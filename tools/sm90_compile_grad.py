@@ -34,7 +34,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--block-n", type=int, default=None)
-    ap.add_argument("--warps", type=int, default=None, help="backward_pallas.DEFAULT_WARPS (the row walks)")
+    ap.add_argument("--warps", type=int, default=None,
+                    help="backward_pallas.DEFAULT_WARPS (the selection/sorted row walks) and, unless "
+                         "--dq-warps is given, INVERTED_DQ_WARPS (the inverted order's dq walk; session 9's "
+                         "tables ran it at --warps)")
+    ap.add_argument("--dq-warps", type=int, default=None, help="backward_pallas.INVERTED_DQ_WARPS")
     ap.add_argument("--inverted-warps", type=int, default=None, help="backward_pallas.INVERTED_WARPS")
     ap.add_argument("--acq-rel-atomics", action="store_true")
     ap.add_argument("--order", default=None, help="backward_pallas.ORDERS (default: DEFAULT_ORDER)")
@@ -58,6 +62,9 @@ def main() -> int:
         backward_pallas.DEFAULT_BLOCK_N = a.block_n
     if a.warps:
         backward_pallas.DEFAULT_WARPS = a.warps
+        backward_pallas.INVERTED_DQ_WARPS = a.warps
+    if a.dq_warps:
+        backward_pallas.INVERTED_DQ_WARPS = a.dq_warps
     if a.inverted_warps:
         backward_pallas.INVERTED_WARPS = a.inverted_warps
     backward_pallas.RELAXED_ATOMICS = not a.acq_rel_atomics

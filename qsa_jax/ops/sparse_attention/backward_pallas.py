@@ -23,10 +23,12 @@ The gradient contract and the formulas are in ``backward.py``. Layout of the wor
     bad request/page) are masked out of the atomics, so unreferenced rows stay
     exactly 0. Atomics make the summation order, hence the last bits of dK/dV (and
     of dq with several splits), run-dependent on the GPU: not deterministic.
-* ``order="inverted"`` (token-major dK/dV, an experiment): the kernel above computes only
-  dq, and ``_inverted_kernel`` computes dK/dV per block of cache slots from the inverse of
-  the entry lists (``inverted_index``): fp32 sums in registers, each cache row written
-  once in the cache dtype -- no atomics, no accumulator passes, deterministic.
+* ``order="inverted"`` (token-major dK/dV; the default wherever it can launch, see
+  ``resolve_order``): the kernel above computes only dq, and ``_inverted_kernel`` computes
+  dK/dV per block of cache slots from the inverse of the entry lists (``inverted_index``):
+  fp32 sums in registers, each cache row written once in the cache dtype -- no atomics, no
+  cache-sized fp32 accumulator, deterministic dK/dV (dq still takes atomics when a row is
+  split).
 * Padded query rows (G -> a power of two >= 16) repeat head G-1, as in the forward;
   they are masked out of the dK/dV sums and of the dq atomics.
 
@@ -80,9 +82,17 @@ RELAXED_ATOMICS = True
 #   ``block_n`` consecutive cache slots of a page, KV head) that walks the rows
 #   referencing its block (``inverted_index``, built per call in XLA), sums dK/dV in fp32
 #   registers and writes each cache row once in the cache dtype: no atomics, no
-#   cache-sized accumulator, deterministic. An experiment until measured (session 7).
+#   cache-sized accumulator, deterministic.
 ORDERS = ("selection", "sorted", "inverted")
-DEFAULT_ORDER = "selection"
+# order=None: "inverted" where it can launch at its default knobs (resolve_order), else this
+# one. H200, session 10 (bench/results/nvidia-h200_2026-12-04/session10/): the inverted
+# backward with its dq walk at 2 warps took 1.05 / 5.02 / 9.12 ms at TP1 64 / 1024 / 2048
+# rows (one request per row) against 1.98 / 10.62 / 19.46 for "selection", 2.54 against 5.99
+# at TP4 1024, 9.64 against 19.74 ms for one 2048-token sequence; temp memory 6-185 MB
+# against up to ~2 GB with one request per row (the selection walk's fp32 accumulator over
+# the cache; 142-288 MB for one long sequence, whose named pages are few).
+DEFAULT_ORDER = "inverted"
+FALLBACK_ORDER = "selection"
 # The inverted kernel: cache slots per program (a multiple of the selection's 4-token
 # blocks; >= 16 for Triton's dots; must divide the page size) and (row, query head)
 # lanes per step of its walk (the M of its dots). Compiled for sm_90 on the CPU machine
@@ -93,10 +103,14 @@ INVERTED_LANES = 32
 # Its warps: 2. Its dots are [lanes, block_n] = [32, 16] tiles, which 8 warps likely cover
 # by repeating work. H200, TP1 1024 rows, one request per row (session 9): the kernel took
 # 6.76 ms at 8 warps, 4.68 at 4 and 2.99 at 2; at 8 warps Nsight read 4.3x the HMMA
-# instructions of the default walk (which computes dq as well). At 2 warps ptxas gives 255
+# instructions of the selection walk (which computes dq as well). At 2 warps ptxas gives 255
 # registers and 8-28 bytes of spill stores (sm_90 on CPU; not read on the GPU), against 133
 # registers and none at 4.
 INVERTED_WARPS = 2
+# The inverted order's dq walk (the kernel above without its dK/dV tile): H200, session 10,
+# TP1 1024 rows: 3.11 ms at 8 warps, 1.90 at 4, 1.61 at 2 (TP4: 1.55 / 1.02 / 0.82 ms);
+# sm_90 on CPU (session 9): 191-237 registers at 2 warps, no spills.
+INVERTED_DQ_WARPS = 2
 # Enough (row, KV head, split) programs to fill an H200 (132 SMs) a few times over.
 TARGET_PROGRAMS = 512
 
@@ -396,20 +410,21 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
     order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
     ``order``: how each row's entries are walked and split (``ORDERS``); None:
-    ``DEFAULT_ORDER``. With "inverted", ``block_n``, ``num_warps`` and ``lanes`` are the
-    dK/dV kernel's (None: ``INVERTED_BLOCK_ROWS``, ``INVERTED_WARPS``, ``INVERTED_LANES``)
+    ``resolve_order``'s choice. With "inverted", ``block_n``, ``num_warps`` and ``lanes`` are
+    the dK/dV kernel's (None: ``INVERTED_BLOCK_ROWS``, ``INVERTED_WARPS``, ``INVERTED_LANES``)
     and the dq walk keeps its tile (``num_splits`` still applies to it); ``dq_warps``: the dq
-    walk's warps (None: ``DEFAULT_WARPS``; only with "inverted", where the walk has no dK/dV
-    tile to hold -- sm_90 on CPU: no spills at 2 or 4 warps)."""
+    walk's warps (None: ``INVERTED_DQ_WARPS``; only with "inverted", where the walk has no
+    dK/dV tile to hold -- sm_90 on CPU: no spills at 2 or 4 warps)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     kv = p.kv
-    order = order or DEFAULT_ORDER
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
+    asked = order
+    order = resolve_order(p, order)
     inverted = order == "inverted"
-    if dq_warps is not None and not inverted:
-        raise ValueError(f"dq_warps is the inverted order's dq walk's; got it with order={order!r}")
+    for name, value in (("dq_warps", dq_warps), ("lanes", lanes)):
+        if value is not None and not inverted:
+            why = "" if asked else " (order=None chose it: the inverted walk's 16-slot blocks cannot launch here)"
+            raise ValueError(f"{name} is the inverted order's knob; got it with order={order!r}{why}")
     if dq_warps is not None and (dq_warps < 1 or dq_warps & (dq_warps - 1)):
         raise ValueError(f"dq_warps must be a power of two >= 1; got {dq_warps}")
     if inverted:
@@ -460,7 +475,8 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         # The accumulators start as zeros and are updated in place.
         input_output_aliases={9: 0, 10: 1},
         compiler_params=plgpu.CompilerParams(
-            num_warps=(dq_warps if inverted else num_warps) or DEFAULT_WARPS, num_stages=2),
+            num_warps=(dq_warps or INVERTED_DQ_WARPS) if inverted else (num_warps or DEFAULT_WARPS),
+            num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
     )(q.reshape(-1, d), k_rows, v_rows, entries, acc, da16, delta, lse, end,
@@ -471,6 +487,28 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
                             num_warps, interpreted)
     return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv, compaction),
             d_gate)
+
+
+def resolve_order(p: SparseAttentionProblem, order: str | None) -> str:
+    """The walk ``pallas_backward`` takes: ``order`` when given (checked against ``ORDERS``);
+    for None ``DEFAULT_ORDER``, unless that is "inverted" and it cannot launch here at its
+    default knobs (its 16-slot blocks must divide the page size; R x W below 2**31 entries),
+    then ``FALLBACK_ORDER`` -- so a small or odd page size still gets a gradient. The
+    choice never depends on the caller's knobs: those apply to the walk chosen here and are
+    checked against it (an error names the walk), never silently reinterpreted."""
+    if order is not None:
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
+        return order
+    if DEFAULT_ORDER != "inverted":
+        return DEFAULT_ORDER
+    try:
+        _check_inverted_launch(p.kv, INVERTED_BLOCK_ROWS, INVERTED_LANES, interpret())
+    except ValueError:
+        return FALLBACK_ORDER
+    if p.num_rows * p.selection_width >= 2**31:
+        return FALLBACK_ORDER
+    return DEFAULT_ORDER
 
 
 def _check_inverted_launch(kv, block_rows: int, lanes: int, interpreted: bool):
