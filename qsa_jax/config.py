@@ -69,6 +69,11 @@ class Tiling(NamedTuple):
     # Software-pipelining depth of the Pallas kernel's tile loop; None: the
     # implementation's own default (vLLM's tables do not set it).
     stages: int | None = None
+    # The implementation this entry was measured fastest with, which
+    # ``sparse_attention(implementation=None)`` then tries first (``sparse_attention_order``);
+    # None: the default order. Only a measured table sets it; it has no numeric effect
+    # beyond which kernel runs the (same) tiling.
+    implementation: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,21 +162,31 @@ H200_BF16 = _table("h200-bf16-measured",
 # --kv-dtype fp8`` beside vLLM 0.34.0 (the only original with fp8), same eligibility rule
 # against 0.34.0's error. Every bucket measured: 64, 256, 1024-4096 programs in
 # bench/results/nvidia-h200_2026-12-03/session6/fp8_sweep/, 1-32, 128 and 512 in
-# session7/fp8_sweep_small/ (tests/test_fp8.py checks each entry against those winners).
+# session7/fp8_sweep_small/ (tests/test_fp8.py checks each Pallas entry against those winners;
+# the per-bucket ratios below are those Pallas winners', some since replaced by "triton" entries).
 # One warp wins from 256 programs. Likely why: with 2 warps the fp8 kernel issued 498M
 # instructions against 0.34.0's 303M at 1 warp, with half the issue slots busy and 42% of
 # DRAM bandwidth (Nsight Compute, TP1 1024 rows). Winner against 0.34.0, TP1 / TP4:
 # 1-4 programs 0.71-0.85x, 8 1.03-1.08x, 16 1.12-1.21x, 32 0.95-0.99x, 64 1.04-1.09x,
 # 128 1.07-1.10x, 256 1.22-1.36x, 512 1.32-1.39x, 1024-2048 1.28-1.42x, 4096 1.06-1.11x
 # (0.34.0's table launched by this project, same day: 1.48-1.56x at TP1 256-2048 rows).
+# Where an entry names "triton", the jax-triton kernels run it (sparse_attention_order says
+# why and what they measured): every one-warp entry (129 programs up, sessions 8-9), and
+# 5-24 programs at 0.34.0's own tiling (64-wide tiles, 2 warps, 2 stages; 33 splits, which is
+# 0.34.0's 64 capped at the 33 tiles of W = 2051, so the same launch while W <= 2112), which
+# there measured 0.99-1.06x of 0.34.0 against the Pallas winners' 1.06-1.22x in one run
+# (H200, 2026-12-04, bench/results/nvidia-h200_2026-12-04/session10/fp8_small_programs/).
+# Pallas at that same tiling measured level with it (0.99-1.07x, session10/after_defaults/):
+# the tiling is the gain; the "triton" tag keeps 0.34.0's own kernel launch and rounding.
 H200_FP8 = _table("h200-fp8-measured",
-                  [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (32, 64, 2, 3)), (16, (32, 32, 2, 1)),
-                   (32, (32, 16, 2, 2)), (64, (32, 8, 2, 2)), (128, (32, 4, 2, 2)), (256, (32, 4, 1, 2)),
-                   (2048, (32, 2, 1, 2))],
+                  [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 33, 2, 2, "triton")),
+                   (16, (64, 33, 2, 2, "triton")), (24, (64, 33, 2, 2, "triton")), (32, (32, 16, 2, 2)),
+                   (64, (32, 8, 2, 2)), (128, (32, 4, 2, 2)), (256, (32, 4, 1, 2, "triton")),
+                   (2048, (32, 2, 1, 2, "triton"))],
                   # use_prefill_config was not swept; as in H200_BF16 it takes the 4096 winner:
                   # TP1 2048 rows 1.40x of 0.34.0's prefill (0.34.0's entry launched at 2 warps
-                  # measured 2.07-2.15x; session6/fp8_prefill/).
-                  large_decode=(32, 2, 1, 2))
+                  # measured 2.07-2.15x; session6/fp8_prefill/); jax-triton 1.05x (session 9).
+                  large_decode=(32, 2, 1, 2, "triton"))
 
 # This project's own tables, measured on a card of the given capability, same form as
 # VLLM_034_TABLES. ``table=None`` (the default) consults them first.
@@ -260,8 +275,9 @@ def select_config(
         raise ValueError(
             f"select_config needs num_rows >= 0, num_kv_heads > 0, num_columns > 0; got "
             f"num_rows={num_rows}, num_kv_heads={num_kv_heads}, num_columns={num_columns}")
-    block_n, splits, warps, _ = table_tiling(num_rows * num_kv_heads, use_prefill_config,
-                                          is_fp8=is_fp8, capability=capability, table=table)
+    entry = table_tiling(num_rows * num_kv_heads, use_prefill_config, is_fp8=is_fp8,
+                         capability=capability, table=table)
+    block_n, splits, warps = entry.block_n, entry.splits, entry.warps
     num_tiles = _cdiv(num_columns, block_n)
     # A split with no tile would only write an empty partial: cap at the tile count.
     return SparseAttentionConfig(block_n, warps, num_tiles, min(splits, num_tiles))
@@ -453,31 +469,35 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     """The implementations ``sparse_attention(implementation=None)`` tries, in order.
 
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
-    for an fp8 cache on Hopper at a one-warp entry of the measured table (``H200_FP8`` from
-    129 programs up, the prefill flag included): there the jax-triton kernels come first.
+    where the measured table's entry for this call names an implementation
+    (``Tiling.implementation``; today ``H200_FP8``'s "triton" at 5-24 programs and at every
+    one-warp entry, 129 programs up, the prefill flag included): that one comes first.
 
-    Why (notes/pallas.md "Session 8"): at one warp the Pallas fp8 kernel, compiled by XLA's
-    bundled Triton, gives each of a tile's 48 async copies its own shared-memory address
-    register (XLA's lowering ends each address in an XOR with a constant), spills them and
-    reloads each before its copy: 7x 0.34.0's spill traffic, a third of all stall samples on
-    copies waiting for the reloads. Triton 3.6, which compiles the jax-triton kernels (and
-    vLLM's), folds the addresses into base + immediate. Measured on the H200 against vLLM
-    0.34.0 (busy time per call, TP1 / TP4, each ratio within one process; sessions 8-9):
+    Why jax-triton at one warp (notes/pallas.md "Session 8"): there the Pallas fp8 kernel,
+    compiled by XLA's bundled Triton, gives each of a tile's 48 async copies its own
+    shared-memory address register (XLA's lowering ends each address in an XOR with a
+    constant), spills them and reloads each before its copy: 7x 0.34.0's spill traffic, a
+    third of all stall samples on copies waiting for the reloads. Triton 3.6, which compiles
+    the jax-triton kernels (and vLLM's), folds the addresses into base + immediate. At 5-24
+    programs jax-triton runs 0.34.0's own tiling, i.e. 0.34.0's kernel launch (its error is
+    0.34.0's). Measured on the H200 against vLLM 0.34.0 (busy time per call, TP1 / TP4, each
+    ratio within one process; sessions 8-10):
 
-    ==========================  ===========  ===========
-    programs                    Pallas       jax-triton
-    ==========================  ===========  ===========
-    256, 1024, 2048             1.22-1.41x   0.97-1.00x
-    512                         --           1.00-1.04x
-    4096                        1.06-1.11x   0.73-0.85x
-    8192                        1.07-1.12x   0.73-0.84x
-    4096, prefill flag (TP1)    1.37x        1.05x
-    ==========================  ===========  ===========
+    ==========================  =====================  =====================
+    programs                    Pallas (its winner)    jax-triton (entry)
+    ==========================  =====================  =====================
+    8, 16, 24                   1.06-1.22x             0.99-1.06x
+    256, 1024, 2048             1.22-1.41x             0.97-1.00x
+    512                         --                     1.00-1.04x
+    4096                        1.06-1.11x             0.73-0.85x
+    8192                        1.07-1.12x             0.73-0.84x
+    4096, prefill flag (TP1)    1.37x                  1.05x
+    ==========================  =====================  =====================
 
-    Elsewhere -- 2+ warps (1-128 programs; timed at 8, 32 and 128: Pallas 0.95-1.10x,
-    jax-triton at the table's 2 warps 1.07-1.35x), vLLM's tables or an explicit ``config=``
-    (not measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes first (it names the
-    implementation it is for).
+    Elsewhere -- 1-4 and 25-128 programs (timed at 32 and 128: Pallas 0.95-1.10x, jax-triton
+    at the table's 2 warps 1.21-1.35x), vLLM's tables or an explicit ``config=`` (not
+    measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
+    first of all (it names the implementation it is for).
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend
 
@@ -485,9 +505,11 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
         return (name,) + tuple(n for n in order if n != name)
 
     order = DEFAULT_ORDER[backend()]
-    measured_one_warp = problem.num_stages is not None and problem.config.num_warps == 1
-    if problem.is_fp8 and measured_one_warp and "triton" in order and running_on_hopper():
-        order = first("triton", order)
+    if problem.num_stages is not None:  # the tiling came from a measured table
+        entry = table_tiling(problem.num_rows * problem.num_kv_heads, problem.prefill_tiling,
+                             is_fp8=problem.is_fp8, table=problem.table)
+        if entry.implementation in order:
+            order = first(entry.implementation, order)
     if launch_implementation in order:
         order = first(launch_implementation, order)
     return order
