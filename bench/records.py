@@ -375,3 +375,16 @@ def write_json(run: RunResult, path: pathlib.Path) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(_clean(run.to_json()), indent=1) + "\n")
     tmp.replace(path)
+
+
+def dump_json(folder: str | None, name: str, obj) -> None:
+    """Write ``obj`` as ``folder/name`` (indented; unknown types as strings); no-op without a
+    folder. The tools rewrite their file after every case, so a run cut short keeps its cases."""
+    if not folder:
+        return
+    import json
+    import os
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "w") as f:
+        json.dump(obj, f, indent=1, default=str)

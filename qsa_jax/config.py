@@ -171,7 +171,9 @@ H200_BF16 = _table("h200-bf16-measured",
 # 128 1.07-1.10x, 256 1.22-1.36x, 512 1.32-1.39x, 1024-2048 1.28-1.42x, 4096 1.06-1.11x
 # (0.34.0's table launched by this project, same day: 1.48-1.56x at TP1 256-2048 rows).
 # Where an entry names "triton", the jax-triton kernels run it (sparse_attention_order says
-# why and what they measured): every one-warp entry (129 programs up, sessions 8-9), and
+# why and what they measured): every one-warp entry (33 programs up: sessions 8-9 from 129,
+# session 11 at 0.34.0's tiling for 33-128 and 257-512,
+# bench/results/nvidia-h200_2026-12-04/session11/call_a/fp8_original_tiling/), and
 # 5-24 programs at 0.34.0's own tiling (64-wide tiles, 2 warps, 2 stages; 33 splits, which is
 # 0.34.0's 64 capped at the 33 tiles of W = 2051, so the same launch while W <= 2112), which
 # there measured 0.99-1.06x of 0.34.0 against the Pallas winners' 1.06-1.22x in one run
@@ -181,8 +183,8 @@ H200_BF16 = _table("h200-bf16-measured",
 H200_FP8 = _table("h200-fp8-measured",
                   [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 33, 2, 2, "triton")),
                    (16, (64, 33, 2, 2, "triton")), (24, (64, 33, 2, 2, "triton")), (32, (32, 16, 2, 2)),
-                   (64, (32, 8, 2, 2)), (128, (32, 4, 2, 2)), (256, (32, 4, 1, 2, "triton")),
-                   (2048, (32, 2, 1, 2, "triton"))],
+                   (64, (32, 8, 1, 2, "triton")), (128, (32, 4, 1, 2, "triton")), (256, (32, 4, 1, 2, "triton")),
+                   (512, (32, 4, 1, 2, "triton")), (2048, (32, 2, 1, 2, "triton"))],
                   # use_prefill_config was not swept; as in H200_BF16 it takes the 4096 winner:
                   # TP1 2048 rows 1.40x of 0.34.0's prefill (0.34.0's entry launched at 2 warps
                   # measured 2.07-2.15x; session6/fp8_prefill/); jax-triton 1.05x (session 9).
@@ -471,7 +473,7 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
     where the measured table's entry for this call names an implementation
     (``Tiling.implementation``; today ``H200_FP8``'s "triton" at 5-24 programs and at every
-    one-warp entry, 129 programs up, the prefill flag included): that one comes first.
+    one-warp entry, 33 programs up, the prefill flag included): that one comes first.
 
     Why jax-triton at one warp (notes/pallas.md "Session 8"): there the Pallas fp8 kernel,
     compiled by XLA's bundled Triton, gives each of a tile's 48 async copies its own
@@ -487,15 +489,16 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     programs                    Pallas (its winner)    jax-triton (entry)
     ==========================  =====================  =====================
     8, 16, 24                   1.06-1.22x             0.99-1.06x
+    64, 128 (session 11)        1.05-1.10x             1.01-1.03x
     256, 1024, 2048             1.22-1.41x             0.97-1.00x
-    512                         --                     1.00-1.04x
+    512                         --                     1.00-1.04x (1.00-1.01x s. 11)
     4096                        1.06-1.11x             0.73-0.85x
     8192                        1.07-1.12x             0.73-0.84x
     4096, prefill flag (TP1)    1.37x                  1.05x
     ==========================  =====================  =====================
 
-    Elsewhere -- 1-4 and 25-128 programs (timed at 32 and 128: Pallas 0.95-1.10x, jax-triton
-    at the table's 2 warps 1.21-1.35x), vLLM's tables or an explicit ``config=`` (not
+    Elsewhere -- 1-4 and 25-32 programs (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling
+    0.98-1.02x), vLLM's tables or an explicit ``config=`` (not
     measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
     first of all (it names the implementation it is for).
     """
@@ -525,18 +528,30 @@ TRITON_MERGE_WARPS = 4
 TRITON_MERGE_WARPS_WHOLE_D = 2
 
 
+def triton_prefetch(block_n: int, num_splits: int, num_warps: int) -> bool:
+    """Whether the jax-triton split kernel loads the next tile's tokens and pages while it
+    computes this one: never, since session 11. Early on (bf16, H200, an older kernel) it
+    measured +8-10% at 32-64 rows with 1 warp and BN 32, so it was on except for BN >= 64
+    with several splits. Session 11 (H200, busy time against the originals in one process,
+    bench/results/nvidia-h200_2026-12-04/session11/call_b/) timed it off against on at the
+    originals' tilings: bf16 TP4 at 0.34.0's (32, 4 splits, 1 warp) 1.60 -> 1.00x at 512
+    programs and 1.74 -> 1.09x at 2048, at 0.30.0's (32, 8, 1) 1.39 -> 0.95x at 64; TP1 at
+    0.30.0's (64, 1, 2) 1.14 -> 1.03x at 1024 programs; fp8 at 0.34.0's tiling 64-512 programs
+    1.02-1.09 -> 0.99-1.03x at TP1 (call_a); at the fp8 table's one-warp entries (256-4096
+    programs) within 0.5% either way. Where "on" still won it was by <= 5% at <= 64 programs."""
+    return False
+
+
 def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     """The jax-triton kernels' launch for ``problem``, with its ``launch=`` override applied.
 
-    Prefetch of the next tile's tokens/pages: +8-10% at 32-64 rows (1 warp, BN 32),
-    -26% at 256 rows (BN 64, 2 warps, 4 splits), neutral at one split (H200), so it is
-    on except for BN >= 64 with several splits.
+    Its index prefetch: ``triton_prefetch``.
     """
     cfg = triton_tiling(problem)
     pairs = problem.num_rows * problem.num_query_heads
     default = TritonLaunch(
         num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
-        prefetch=not (cfg.block_n >= 64 and cfg.num_splits > 1),
+        prefetch=triton_prefetch(cfg.block_n, cfg.num_splits, cfg.num_warps),
         merge_block_d=merge_block_d(pairs, problem.head_dim),
         merge_warps=TRITON_MERGE_WARPS_WHOLE_D if pairs > MERGE_SPLIT_D_MAX_PAIRS else TRITON_MERGE_WARPS)
     return _with_override(default, problem.launch)

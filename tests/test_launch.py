@@ -133,8 +133,9 @@ def test_triton_merge_chunk_follows_the_shared_rule(rows):
 
 def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
     """implementation=None: Pallas first on a GPU, except where the measured Hopper table's entry
-    names jax-triton (fp8: its one-warp entries, where the Pallas kernel spills under XLA's
-    Triton, notes/pallas.md "Session 8", and 5-24 programs at 0.34.0's tiling); vLLM's tables and explicit configs keep Pallas first; a
+    names jax-triton (fp8: its one-warp entries from 33 programs, where the Pallas kernel
+    spills under XLA's Triton, notes/pallas.md "Session 8", and 5-24 programs at 0.34.0's
+    tiling); vLLM's tables and explicit configs keep Pallas first; a
     launch= record's implementation first; the CPU order stays XLA only."""
     import jax.numpy as jnp
 
@@ -149,8 +150,11 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
         fp8_1024 = _problem(512, jnp.float8_e4m3fn)  # 1024 programs: H200_FP8 runs one warp
         assert (fp8_1024.config.num_warps == 1) == hopper  # (else vLLM's/GB300 tables)
         assert config.sparse_attention_order(fp8_1024)[0] == ("triton" if hopper else "pallas"), cap
-        fp8_64 = _problem(32, jnp.float8_e4m3fn)  # 64 programs: two warps, no spill
-        assert config.sparse_attention_order(fp8_64)[0] == "pallas", cap
+        # 33-512 programs: jax-triton at 0.34.0's own one-warp tiling (sessions 8-11)
+        for rows in (17, 32, 64, 128, 256):
+            fp8 = _problem(rows, jnp.float8_e4m3fn)
+            assert config.sparse_attention_order(fp8)[0] == ("triton" if hopper else "pallas"), (cap, rows)
+            assert config.sparse_attention_order(_problem(rows, jnp.bfloat16))[0] == "pallas", (cap, rows)
         # 5-24 programs: the entries at 0.34.0's own tiling, which jax-triton ran faster
         # (session 10); 1-4 and 25-32 programs keep the Pallas winners.
         for rows, triton_first in ((2, False), (3, True), (4, True), (8, True), (12, True), (13, False),

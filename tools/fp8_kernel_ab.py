@@ -20,14 +20,16 @@ merge's D chunk and warps, ``32/4/1/2/256/2``) or ``auto`` (``table`` only:
 ``implementation=None``, the library's own choice). Session 9: ``--prefill`` passes
 ``use_prefill_config=True`` to 0.34.0 and to the library's ``table`` call; ``--kv-dtype
 bf16`` times a bf16 cache without scales instead (0.34.0's bf16 path the comparator).
-Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
+Session 11: ``original`` (with ``--impl triton``) is jax-triton at the comparator's own tiling
+for each case (0.34.0's ``_select_config``: block_n, splits, warps; 2 stages as 0.34.0 launches),
+with the library's jax-triton launch defaults; ``original-np`` the same without the next tile's
+index prefetch (0.34.0's kernel has none). Writes ``ab.json`` to --out. Needs the GPU and the originals (QSA_ORIGINALS_DIR).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 
@@ -58,7 +60,7 @@ def main() -> int:
     import torch
 
     from bench import hopper_sweep as hs
-    from bench import inputs, kernel_trace
+    from bench import inputs, kernel_trace, records
     from qsa_jax import config
     from qsa_jax.ops.sparse_attention.api import _run as jitted_call
     from qsa_testing import originals
@@ -68,6 +70,11 @@ def main() -> int:
     for spec in a.configs.split(","):
         if spec == "table":
             variants.append(None)
+            continue
+        if spec in ("original", "original-np"):
+            if a.impl != "triton":
+                ap.error(f"--configs {spec}: needs --impl triton")
+            variants.append((spec, None))  # the tiling is the case's own (below)
             continue
         fields = [int(x) for x in spec.split("/")]
         if a.impl == "auto" or len(fields) not in ((4, 5, 6) if a.impl == "triton" else (4,)):
@@ -111,7 +118,8 @@ def main() -> int:
 
         cfg = (v.block_n, v.warps, -(-case.width // v.block_n), v.splits)
         merge = merge_d.get(spec, ()) + (None, None)
-        launch = qsa_jax.TritonLaunch(num_stages=v.stages, merge_block_d=merge[0], merge_warps=merge[1])
+        launch = qsa_jax.TritonLaunch(num_stages=v.stages, merge_block_d=merge[0], merge_warps=merge[1],
+                                      prefetch=False if spec == "original-np" else None)
         scales = dict(zip(("k_scale", "v_scale"), case.scales or ()))
 
         def chain(q, kv, idx_sets, bt, t2r, gate):
@@ -140,6 +148,9 @@ def main() -> int:
                   f"{orig and round(orig['busy_us'], 1)} us", flush=True)
             for entry in variants:
                 spec, v = (None, None) if entry is None else entry
+                if spec in ("original", "original-np"):
+                    bn, warps, _, splits = case.original_config("0.34.0", a.prefill)
+                    v = hs.Variant(block_n=bn, splits=splits, warps=warps, stages=2)
                 outs = {}
                 key = f"table({a.impl})" if v is None else f"{a.impl} {spec}"
                 for knob_set in knob_sets:
@@ -171,10 +182,7 @@ def main() -> int:
                     line.setdefault("knob_bit_identical", {})[f"{key} {knob}"] = same
                     print(f"  {knob} bit-identical to off at {key}: {same}", flush=True)
             results.append(line)
-            if a.out:
-                os.makedirs(a.out, exist_ok=True)
-                with open(os.path.join(a.out, "ab.json"), "w") as f:
-                    json.dump(results, f, indent=1, default=str)
+            records.dump_json(a.out, "ab.json", results)
     return 0
 
 

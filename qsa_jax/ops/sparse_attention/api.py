@@ -91,7 +91,7 @@ def sparse_attention(
       implementation: "pallas", "triton", "xla" or None: the first that can run, in
         ``config.sparse_attention_order`` (GPU: Pallas, then jax-triton, then XLA;
         jax-triton first for an fp8 cache on Hopper where the measured table's entry names
-        it: 5-24 programs and the one-warp entries from 129 programs).
+        it: 5-24 programs and the one-warp entries from 33 programs).
       k_scale, v_scale: vLLM 0.34.0's per-layer dequantisation scales (floats > 0),
         required for an fp8 cache: scores use D^-0.5 * k_scale, the output is
         scaled by v_scale. They are kernel operands, not compile-time constants: a

@@ -1,0 +1,185 @@
+"""The shim's ``implementation="triton-torch"`` against the originals: kernel time and eager call.
+
+    python3 tools/triton_torch_ab.py [--rows 1,8,64,512,2048] [--tp TP1,TP4] [--kv bf16,fp8] [--out DIR]
+
+Why (session 11): session 10 measured triton-torch's eager call at 1.05-1.24x vLLM 0.30.0's
+(TP1, call + sync) without separating the host from the kernels. This tool times, in one
+process, on the same inputs (one request, 2051 selected tokens per row, a fresh ``[NB, Hk, P, 2D]``
+pool; fp8: e4m3 with scales 0.5 / 2.0, where only 0.34.0 has a path):
+
+* busy time per call (``bench.kernel_trace``: the sum of kernel durations from a profiler trace)
+  of each original and of triton-torch with each tiling table (``qsa_torch_shim.set_tiling_table``:
+  None = the library's measured table, "vllm-0.30", "vllm-0.34"): which tiling the jax-triton
+  kernels want;
+* the eager call (call + ``torch.cuda.synchronize``) and the host's enqueue alone (no sync), µs per
+  call, as the median of 7 rounds in which every column takes its turn (round-robin, so drift in
+  the machine's state lands on every column alike).
+
+``--prefetch-off``: a second pass per row count with ``qsa_jax.config.triton_prefetch``
+forced False (the jax-triton kernels' next-tile index prefetch off; 0.34.0's kernel has none),
+the originals timed again in that pass.
+
+Writes ``triton_torch_ab.json`` to --out and prints one table per geometry and cache dtype.
+Needs the GPU and the originals (QSA_ORIGINALS_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+TABLES = (None, "vllm-0.30", "vllm-0.34")
+SCALES = (0.5, 2.0)
+
+
+def _inputs(geo, rows, pool, seed):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    d, h = geo.head_dim, geo.num_query_heads
+    kv = pool
+    nb, p = kv.shape[0], kv.shape[2]
+    k, v = kv.transpose(1, 2).split(d, -1)
+    q = torch.randn((rows, h, d), device="cuda", generator=g).to(torch.bfloat16)
+    w = 2051
+    li = torch.randint(0, nb * p, (rows, w + 1), device="cuda", dtype=torch.int32, generator=g)
+    li[:, -1] = w
+    bt = torch.randperm(nb, device="cuda", dtype=torch.int32, generator=g)[None, :].contiguous()
+    t2r = torch.zeros((rows,), device="cuda", dtype=torch.int32)
+    gate = torch.randn((rows, h, d), device="cuda", generator=g).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    return (q, k, v, li, bt, t2r, False, out), gate
+
+
+def _rounds(calls: dict, n: int, sync: bool, rounds: int = 7) -> dict:
+    import torch
+
+    for fn in calls.values():
+        for _ in range(10):
+            fn()
+    torch.cuda.synchronize()
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+                if sync:
+                    torch.cuda.synchronize()
+            if not sync:
+                torch.cuda.synchronize()  # the enqueue's samples end before this
+            samples[name].append((time.perf_counter() - t0) / n * 1e6)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _measure(S, kernel_trace, mods, geo, pools, tp, kv, rows):
+    import torch
+
+    args, gate = _inputs(geo, rows, pools[kv], seed=rows + 7)
+    extra = {} if kv == "bf16" else dict(k_scale=SCALES[0], v_scale=SCALES[1])
+    calls = {}
+    for version, mod in mods.items():
+        if kv == "fp8" and version == "0.30.0":
+            continue
+        calls[f"original {version}"] = (
+            lambda mod=mod: mod.qsa_sparse_paged_attention(*args, output_gate=gate, **extra))
+    for table in TABLES:
+        def call(table=table):
+            S.set_tiling_table(table)
+            return S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="triton-torch", **extra)
+        calls[f"triton-torch {table or 'library'}"] = call
+    ref = None
+    line = dict(tp=tp, kv=kv, rows=rows, columns={})
+    for name, fn in calls.items():
+        args[7].fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        got = args[7].float()
+        if ref is None:
+            ref = got.clone()  # the first original: the rest agree to one kernel's rounding
+        rel = ((got - ref).norm() / ref.norm()).item()
+        s = kernel_trace.trace_runs(fn, runs=30, calls_per_run=1, wait=lambda _: torch.cuda.synchronize())
+        line["columns"][name] = dict(busy_us=s and s.busy_us_per_call, by_kernel=s and s.mean_us_by_kernel,
+                                     rel_diff_vs_first=rel, finite=bool(torch.isfinite(got).all()))
+    n = 200 if rows <= 64 else 30
+    for key, sync in (("eager_us", True), ("enqueue_us", False)):
+        for name, us in _rounds(calls, n, sync).items():
+            line["columns"][name][key] = us
+    S.set_tiling_table(None)
+    return line
+
+
+def _print(line):
+    cols = line["columns"]
+    originals_ = [c for c in cols if c.startswith("original")]
+    best_busy = min(cols[c]["busy_us"] or float("inf") for c in originals_)
+    best_eager = min(cols[c]["eager_us"] for c in originals_)
+    tag = " (prefetch off)" if line.get("prefetch_off") else ""
+    for name, c in cols.items():
+        xb = (c["busy_us"] or float("nan")) / best_busy
+        xe = c["eager_us"] / best_eager
+        print(f"| {line['rows']} | {name}{tag} | {c['busy_us'] or float('nan'):.1f} | {c['eager_us']:.1f} | "
+              f"{c['enqueue_us']:.1f} | {xb:.2f} | {xe:.2f} |" + ("" if c["finite"] else " NaN!")
+              + f" diff {c['rel_diff_vs_first']:.1e}", flush=True)
+    print(f"  triton launches: {line.get('triton_launches')}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,8,64,512,2048")
+    ap.add_argument("--tp", default="TP1,TP4")
+    ap.add_argument("--kv", default="bf16,fp8")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--prefetch-off", action="store_true")
+    a = ap.parse_args()
+
+    import torch
+
+    import qsa_torch_shim as S
+    from bench import kernel_trace, records
+    from qsa_jax import arg_specs, config
+    from qsa_jax.ops.sparse_attention import triton as jt
+    from qsa_torch_shim import _direct
+    from qsa_torch_shim import _private_api as P
+
+    default_prefetch = config.triton_prefetch
+
+    def set_prefetch(off: bool):
+        config.triton_prefetch = (lambda *a: False) if off else default_prefetch
+        _direct._SIGNATURES.clear()  # plans (and their cached launches) hold the prefetch flag
+        jt._launch_plan.cache_clear()
+    from qsa_testing import originals
+
+    mods = {v: originals.load(v) for v in ("0.30.0", "0.34.0")}
+    results = []
+    for tp in a.tp.split(","):
+        geo = arg_specs.GEOMETRIES[tp]
+        nb = 512
+        base = torch.randn((nb, geo.num_kv_heads, geo.page_size, 2 * geo.head_dim), device="cuda")
+        pools = {"bf16": base.to(torch.bfloat16), "fp8": (base * 2).to(torch.float8_e4m3fn)}
+        for kv in a.kv.split(","):
+            print(f"\n{tp} {kv}: busy µs per call (kernels) | eager call + sync µs | host enqueue µs; "
+                  "x = over the faster original's busy / eager", flush=True)
+            print("| rows | column | busy | eager | enqueue | x busy | x eager |")
+            print("|---|---|---|---|---|---|---|")
+            for rows in (int(r) for r in a.rows.split(",")):
+                for off in ((False, True) if a.prefetch_off else (False,)):
+                    set_prefetch(off)
+                    P.TRITON_PATHS.reset()
+                    line = _measure(S, kernel_trace, mods, geo, pools, tp, kv, rows)
+                    line.update(prefetch_off=off, triton_launches=dict(fast=P.TRITON_PATHS.fast, jit=P.TRITON_PATHS.jit,
+                                                                      reason=P.TRITON_PATHS.last_reason))
+                    _print(line)
+                    results.append(line)
+                set_prefetch(False)
+                records.dump_json(a.out, "triton_torch_ab.json", results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
