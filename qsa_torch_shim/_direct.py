@@ -14,7 +14,9 @@ compact int32 metadata and gate; a non-compact ``out`` gets the result by a torc
 (``ShimCopyWarning``). Anything else goes to the JAX route (``None`` from ``sparse``), which
 handles every layout. The launches go to ``q``'s device and its current stream. The tiling
 is chosen as qsa_jax chooses it for JAX's default device (``config``), which is the torch
-tensors' device in a one-GPU process.
+tensors' device in a one-GPU process, except that a bf16 cache on the default table takes
+vLLM 0.30.0's (``BF16_DEFAULT_TABLE``). From the second call of a signature the kernels are
+launched through their cached compiled form (``_private_api.TritonLaunch``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 import torch
 
 from qsa_torch_shim import _interop as I
+from qsa_torch_shim import _private_api as P
 
 NAME = "triton-torch"
 
@@ -130,7 +133,7 @@ def _plan(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
         q_spec, kv_spec, _ = found
         problem, plan = _problem(q_spec, kv_spec, _spec(logical_indices), _spec(block_table),
                                  _spec(token_to_req), _spec(gate), *key[:3])
-        entry = (problem, plan, isinstance(kv_spec, jax.ShapeDtypeStruct))
+        entry = (problem, plan, isinstance(kv_spec, jax.ShapeDtypeStruct), _launches(problem, plan))
     if keep:
         if len(_SIGNATURES) > 4096:  # shapes per batch size and layer kind, not per call
             _SIGNATURES.clear()
@@ -155,6 +158,20 @@ def _scale_pair(head_dim: int, scales, device: torch.device) -> torch.Tensor:
     return found
 
 
+# The tiling table of a bf16 cache when the shim's is the library's default (None): vLLM
+# 0.30.0's. The library's measured H200 bf16 table was tuned for the Pallas kernel; the
+# jax-triton kernels ran it 1.07-1.47x the faster original's kernel time at 64-2048 rows against
+# 0.95-1.03x for 0.30.0's table (one exception each way at 16 and 512 programs; H200, session 11,
+# bench/results/nvidia-h200_2026-12-04/session11/). fp8 keeps the library's table, whose
+# entries from 5 programs up were measured with these kernels.
+BF16_DEFAULT_TABLE = "vllm-0.30"
+
+
+def effective_table(table, kv_dtype):
+    """The tiling table triton-torch launches for the shim's ``table`` and the cache dtype."""
+    return BF16_DEFAULT_TABLE if table is None and kv_dtype == torch.bfloat16 else table
+
+
 def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_prefill_config, out,
            output_gate, scales, table):
     """The call on the torch tensors (validated by the caller), or None when their layout
@@ -163,6 +180,7 @@ def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_
     if reason is not None:
         raise NotImplementedError(reason)
     gate = output_gate.view_as(q) if output_gate.is_contiguous() else output_gate
+    table = effective_table(table, k_cache.dtype)
     key = _signature(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
                      bool(use_prefill_config), scales is not None, table)
     entry = _SIGNATURES.get(key)
@@ -174,15 +192,19 @@ def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_
     if entry is False:
         ROUTES.fallback += 1
         return None
-    problem, plan, fused = entry
+    problem, plan, fused, launches = entry
     k_arg, v_arg = (k_cache, k_cache) if fused else (k_cache, v_cache)
     ROUTES.direct += 1
     rows = problem.num_rows
     in_place = out is not None and out.is_contiguous()
     result = out if in_place else torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     if rows:
-        with torch.cuda.device(q.device) if q.is_cuda else _NO_DEVICE:
-            _launch(plan, problem, q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scales, result)
+        # The launches go to the current device's context: q's device, entered only when it
+        # is not current already (the context switch costs more than the check).
+        other = q.is_cuda and q.device.index != torch.cuda.current_device()
+        with torch.cuda.device(q.device) if other else _NO_DEVICE:
+            _launch(plan, problem, launches, q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate,
+                    scales, result)
     if out is None or in_place:
         return result
     I.warn_copy("out", "is not compact, so the kernel cannot write into it", stacklevel=5)
@@ -193,20 +215,35 @@ def sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_
 _NO_DEVICE = contextlib.nullcontext()
 
 
-def _launch(plan, problem, q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scales, result):
-    rows = problem.num_rows
+def _launches(problem, plan):
+    """The (split, merge) kernels' launches for a signature (``_private_api.TritonLaunch``:
+    the compiled kernel looked up once, not per call); None for an empty batch."""
+    if plan is None:
+        return None
     k = _kernels()
+    t = None  # a tensor slot
+    split = P.TritonLaunch(k.sparse_attention_split_kernel,
+                           (t,) * 8 + (problem.num_rows, problem.num_requests, problem.kv.num_pages, t, t),
+                           dict(plan.split_meta))
+    merge = None if plan.merge_grid is None else P.TritonLaunch(
+        k.sparse_attention_merge_kernel, (t, t, t, problem.num_rows, t), dict(plan.merge_meta))
+    return split, merge
+
+
+def _launch(plan, problem, launches, q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scales,
+            result):
     # Without scales the kernel never reads the scale slot: any tensor fills it.
     scale = _scale_pair(problem.head_dim, scales, q.device) if problem.scaled else token_to_req
     if plan.merge_grid is None:
         outputs = (result, _dummy(q.device))
     else:
         outputs = tuple(torch.empty(shape, dtype=_TORCH[dtype], device=q.device) for shape, dtype in plan.out_shapes)
-    k.sparse_attention_split_kernel[plan.split_grid](
-        q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scale,
-        rows, problem.num_requests, problem.kv.num_pages, *outputs, **dict(plan.split_meta))
-    if plan.merge_grid is not None:
-        k.sparse_attention_merge_kernel[plan.merge_grid](*outputs, gate, rows, result, **dict(plan.merge_meta))
+    split, merge = launches
+    device = q.device.index
+    split.launch(plan.split_grid, (q, k_arg, v_arg, logical_indices, block_table, token_to_req, gate, scale)
+                 + outputs, device)
+    if merge is not None:
+        merge.launch(plan.merge_grid, (outputs[0], outputs[1], gate, result), device)
 
 
 _DUMMIES: dict = {}

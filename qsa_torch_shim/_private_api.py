@@ -263,3 +263,126 @@ def jax_backends_initialised() -> bool:
         return bool(getattr(xla_bridge, "_backends", None))
     except Exception:  # pragma: no cover - private API moved
         return False
+
+
+# --- Triton's launch, for implementation="triton-torch" (qsa_torch_shim/_direct.py) --------
+# ``kernel[grid](*args, **meta)`` (``JITFunction.run``) binds the arguments, computes their
+# specialisation key (dtypes, pointer alignment, integer values), looks the compiled kernel
+# up, then launches it as ``CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata,
+# launch_metadata, enter_hook, exit_hook, *every parameter's value)``. The triton-torch route
+# makes the same launch for the same kernels every call of a signature, so ``TritonLaunch``
+# does the first three steps once per (call signature, device, pointer alignment) and then
+# only the last one. Checked against Triton 3.6 (``TRITON_FAST_VERSIONS``); any other
+# version, or a launch hook set (a profiler such as Proton), takes ``kernel[grid](...)``.
+TRITON_FAST_VERSIONS = ("3.6.",)
+
+
+class TritonLaunches:
+    """How many triton-torch launches went ``fast`` (cached compiled kernel) and how many
+    through ``jit`` (``kernel[grid](...)``), and why the last jit one did."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.fast = self.jit = 0
+        self.last_reason: str | None = None
+
+
+TRITON_PATHS = TritonLaunches()
+
+
+def _triton_fast_reason() -> str | None:
+    """None when the cached launch may be used, else why not."""
+    try:
+        import triton
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel  # noqa: F401 -- the class we launch
+    except _API_ERRORS as exc:
+        return f"triton internals: {type(exc).__name__}: {exc}"
+    if not triton.__version__.startswith(TRITON_FAST_VERSIONS):
+        return f"triton {triton.__version__} is not one the cached launch was checked against"
+    if _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
+        return "a Triton launch hook is set"
+    return None
+
+
+class TritonLaunch:
+    """One kernel's launches for one call signature: ``launch(grid, tensors, device)``
+    runs ``kernel[grid](*args, **meta)`` with the call's ``tensors`` in ``args``' None
+    slots, through the cached compiled kernel once one exists for these pointers'
+    alignment on this device.
+
+    ``args``: the kernel's leading positional arguments, None where a tensor goes;
+    ``meta``: its keyword constants and launch options (num_warps, num_stages)."""
+
+    __slots__ = ("kernel", "args", "meta", "slots", "compiled")
+
+    def __init__(self, kernel, args: tuple, meta: dict):
+        self.kernel, self.args, self.meta = kernel, args, meta
+        # Positional, so argument i is parameter i in the compiled launch's values too.
+        self.slots = tuple(i for i, a in enumerate(args) if a is None)
+        self.compiled: dict = {}  # (device index, alignment bits) -> (CompiledKernel, values)
+
+    def launch(self, grid: tuple, tensors: tuple, device: int) -> None:
+        # Triton specialises a pointer on 16-byte alignment: a kernel compiled for aligned
+        # pointers must not get an unaligned one, so alignment is part of the key.
+        key = (device, tuple(t.data_ptr() & 15 == 0 for t in tensors))
+        found = self.compiled.get(key)
+        if found is not None and _TRITON_FAST[0] is None and _no_launch_hooks():
+            compiled, values = found
+            values = list(values)
+            for slot, t in zip(self.slots, tensors):
+                values[slot] = t
+            compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
+                         compiled.function, compiled.packed_metadata, None, None, None, *values)
+            TRITON_PATHS.fast += 1
+            return
+        args = list(self.args)
+        for slot, t in zip(self.slots, tensors):
+            args[slot] = t
+        compiled = self.kernel[grid](*args, **self.meta)
+        TRITON_PATHS.jit += 1
+        reason = _TRITON_FAST[0] = _triton_fast_reason()
+        TRITON_PATHS.last_reason = reason
+        if reason is None and found is None:
+            try:
+                self.compiled[key] = (compiled, self._values(compiled, args))
+            except _API_ERRORS as exc:  # the kernel or Triton is not what this expects
+                TRITON_PATHS.last_reason = _TRITON_FAST[0] = f"binding: {type(exc).__name__}: {exc}"
+
+    def _values(self, compiled, args: list) -> tuple:
+        """Every parameter's value in the kernel's order, as ``JITFunction.run`` passes them
+        to the compiled launch (launch options such as num_warps are not parameters)."""
+        import inspect
+
+        from triton.compiler.compiler import CompiledKernel
+
+        signature = inspect.signature(self.kernel.fn)
+        names = list(signature.parameters)
+        bound = signature.bind(*args, **{k: v for k, v in self.meta.items() if k in names})
+        bound.apply_defaults()
+        if list(bound.arguments) != names:
+            raise TypeError("bound arguments out of the kernel's parameter order")
+        if len(self.kernel.params) != len(names):
+            raise TypeError("the JITFunction's parameters differ from its function's")
+        if not isinstance(compiled, CompiledKernel):  # e.g. Triton's interpreter: nothing compiled
+            raise TypeError(f"kernel[grid](...) returned {type(compiled).__name__}, not a CompiledKernel")
+        compiled.function, compiled.packed_metadata, compiled.run  # noqa: B018 -- what the launch reads
+        return tuple(bound.arguments.values())
+
+
+def _hook_set(hook) -> bool:
+    """Triton 3.6's hooks are ``HookChain`` objects, empty unless someone added a hook
+    (older Tritons: None unless set)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _no_launch_hooks() -> bool:
+    from triton import knobs
+
+    return not (_hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook))
+
+
+# None: the cached launch may run; else the reason it may not (re-checked at each jit launch).
+_TRITON_FAST: list = ["not checked yet"]

@@ -87,12 +87,26 @@ def _gpu_call(rows: int, kv_dtype: str, seed: int):
     return args, t(case.output_gate), scales
 
 
+def _triton_route(*args, output_gate, **kw):
+    """implementation="triton" (through JAX) at the tiling table triton-torch launches by
+    default for this cache's dtype (``_direct.effective_table``), then the default again."""
+    import qsa_torch_shim as S
+    from qsa_torch_shim import _direct
+
+    S.set_tiling_table(_direct.effective_table(None, args[1].dtype))
+    try:
+        return S.qsa_sparse_paged_attention(*args, output_gate=output_gate, implementation="triton", **kw)
+    finally:
+        S.set_tiling_table(None)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
 @pytest.mark.parametrize("rows", [1, 64, 1024, 2049])
 def test_gpu_triton_torch_equals_the_jax_route(rows, kv_dtype):
-    """The same kernels at the same tiling as implementation="triton" (through JAX): the
-    same bits, written into a NaN-filled ``out`` in place."""
+    """The same kernels at the same tiling as implementation="triton" (through JAX, at the
+    table triton-torch takes by default): the same bits, written into a NaN-filled ``out``
+    in place."""
     reason = _gpu_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -102,7 +116,7 @@ def test_gpu_triton_torch_equals_the_jax_route(rows, kv_dtype):
     from qsa_torch_shim import _direct
 
     args, gate, scales = _gpu_call(rows, kv_dtype, seed=rows)
-    want = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="triton", **scales)
+    want = _triton_route(*args, output_gate=gate, **scales)
     out = torch.full_like(args[0], float("nan"))
     before = _direct.ROUTES.direct
     got = S.qsa_sparse_paged_attention(*args, out, output_gate=gate, implementation="triton-torch", **scales)
@@ -125,8 +139,7 @@ def test_gpu_triton_torch_follows_torchs_stream():
 
     args, gate, _ = _gpu_call(2048, "bf16", seed=5)
     q_sets = [args[0].clone(), (-args[0]).clone()]
-    expected = [S.qsa_sparse_paged_attention(qs, *args[1:], output_gate=gate, implementation="triton").clone()
-                for qs in q_sets]
+    expected = [_triton_route(qs, *args[1:], output_gate=gate).clone() for qs in q_sets]
     torch.cuda.synchronize()
     assert not torch.equal(expected[0], expected[1])
     side, q, out = torch.cuda.Stream(), torch.empty_like(args[0]), torch.empty_like(args[0])
@@ -141,6 +154,96 @@ def test_gpu_triton_torch_follows_torchs_stream():
     torch.cuda.synchronize()
     bad = [it for it in range(20) if not torch.equal(results[it], expected[it % 2])]
     assert not bad, f"iterations {bad} read stale inputs or unwritten output"
+    from qsa_torch_shim import _private_api as P
+
+    assert P.TRITON_PATHS.fast > 0, P.TRITON_PATHS.last_reason  # the cached launch took torch's stream
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
+def test_gpu_triton_torch_cached_launch(kv_dtype):
+    """From the second call of a signature the compiled kernels are launched directly
+    (``_private_api.TritonLaunch``): the same bits as the first (``kernel[grid]``) call, on
+    fresh q and gate; a q whose pointer is not 16-byte aligned gets its own compiled kernel
+    (Triton specialises on alignment) and the same bits as an aligned copy of it."""
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    import qsa_torch_shim as S
+    from qsa_torch_shim import _private_api as P
+
+    args, gate, scales = _gpu_call(64, kv_dtype, seed=17)
+
+    def call(q, g):
+        out = torch.full_like(q, float("nan"))
+        S.qsa_sparse_paged_attention(q, *args[1:], out, output_gate=g, implementation="triton-torch", **scales)
+        torch.cuda.synchronize()
+        return out
+
+    P.TRITON_PATHS.reset()
+    first = call(args[0], gate)  # compiled here, or by an earlier test of these shapes
+    assert P.TRITON_PATHS.last_reason is None, P.TRITON_PATHS.last_reason
+    q2, g2 = torch.randn_like(args[0].float()).to(torch.bfloat16), torch.randn_like(gate.float()).to(torch.bfloat16)
+    jit = P.TRITON_PATHS.jit
+    again, other = call(args[0], gate), call(q2, g2)
+    assert P.TRITON_PATHS.jit == jit and P.TRITON_PATHS.fast >= 2  # split (+ merge) launches, cached
+    assert torch.isfinite(again).all() and torch.equal(again.view(torch.int16), first.view(torch.int16))
+    assert not torch.equal(other, first)
+    want = _triton_route(q2, *args[1:], output_gate=g2, **scales)
+    assert torch.equal(other.view(torch.int16), want.view(torch.int16))
+    # q at a 2-byte offset: compact, but not 16-byte aligned
+    flat = torch.empty(args[0].numel() + 1, dtype=torch.bfloat16, device="cuda")
+    shifted = flat[1:].view(args[0].shape)
+    shifted.copy_(q2)
+    assert shifted.data_ptr() % 16 and shifted.is_contiguous()
+    jit = P.TRITON_PATHS.jit
+    got = call(shifted, g2)
+    assert P.TRITON_PATHS.jit > jit  # a new alignment key: compiled (or looked up) by Triton
+    assert torch.equal(got.view(torch.int16), other.view(torch.int16))
+    call(shifted, g2)
+    assert P.TRITON_PATHS.last_reason is None
+
+
+def test_triton_torch_bf16_takes_the_030_table_by_default():
+    """A bf16 cache on the shim's default table launches vLLM 0.30.0's tiling (the library's
+    H200 bf16 table is the Pallas kernel's); fp8 keeps the library's; a table the user set
+    is kept."""
+    torch = pytest.importorskip("torch")
+    from qsa_torch_shim import _direct
+
+    assert _direct.effective_table(None, torch.bfloat16) == "vllm-0.30"
+    assert _direct.effective_table(None, torch.float8_e4m3fn) is None
+    assert _direct.effective_table(None, torch.uint8) is None
+    assert _direct.effective_table("vllm-0.34", torch.bfloat16) == "vllm-0.34"
+
+
+def test_triton_launch_convention_is_the_one_cached():
+    """The cached launch (``_private_api.TritonLaunch``) repeats what ``JITFunction.run``
+    does after its lookup: ``CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata,
+    launch_metadata, enter_hook, exit_hook, *every parameter's value)``. This reads the
+    installed Triton's source for that call, so an upgrade that changes it fails here (and
+    on a version outside ``TRITON_FAST_VERSIONS`` the cached launch stays off)."""
+    import inspect
+
+    triton = pytest.importorskip("triton")
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
+
+    from qsa_torch_shim import _private_api as P
+
+    source = " ".join(inspect.getsource(JITFunction.run).split())
+    call = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, "
+            "launch_metadata, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "
+            "*bound_args.values())")
+    if not triton.__version__.startswith(P.TRITON_FAST_VERSIONS):
+        assert P._triton_fast_reason() is not None
+        pytest.skip(f"triton {triton.__version__}: the cached launch is off on it")
+    assert call in source, "JITFunction.run's launch changed: recheck _private_api.TritonLaunch"
+    assert "return kernel" in source  # kernel[grid](...) returns the compiled kernel
+    getitem = " ".join(inspect.getsource(CompiledKernel.__getitem__).split())
+    assert "self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata" in getitem
 
 
 def _variants(torch, case, C, kv_views, t):
