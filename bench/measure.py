@@ -21,7 +21,7 @@ from bench import kernel_trace, timing
 from bench.records import AUTO, ORIGINALS, Case, CaseResult, Check, Rates, Timing, Workload
 
 # Implementations called with torch tensors (everything else is called through qsa_jax).
-TORCH_IMPLS = (*ORIGINALS, "shim")
+TORCH_IMPLS = (*ORIGINALS, "shim", "shim-tt")
 # Implementations whose busy time a profiler trace takes (``--trace-rows``), and the runs
 # of the timed unit it traces.
 TRACED_IMPLS = (*ORIGINALS, "pallas", "triton", AUTO)

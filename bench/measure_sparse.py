@@ -191,7 +191,7 @@ def _measure_torch(ctx, case, draft, tt, flag):
     # calls whose q, gate and indices are tensor objects never seen before (the shim's
     # import cache misses on them). Small shapes only (the clones are made up front).
     count = ctx.eager_calls
-    if case.impl == "shim" and 2 * tt["q"].numel() * tt["q"].element_size() * count <= 2**30:
+    if case.impl in ("shim", "shim-tt") and 2 * tt["q"].numel() * tt["q"].element_size() * count <= 2**30:
         fresh = [functools.partial(fn, tt["q"].clone(), tt["k"], tt["v"], tt["idx"][i % len(tt["idx"])].clone(),
                                    tt["bt"], tt["t2r"], flag, out, *tt["scales"], output_gate=tt["gate"].clone())
                  for i in range(count + 1)]

@@ -11,7 +11,11 @@ OPS = ("sparse_attention", "compress_groups_with_ratio", "store_cache_rows")
 OP_ALIASES = {"sparse": "sparse_attention", "attention": "sparse_attention",
               "compress": "compress_groups_with_ratio", "store": "store_cache_rows",
               **{op: op for op in OPS}}
-IMPLS = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim")
+# "shim-tt": the shim with implementation="triton-torch" (the jax-triton kernels launched by
+# Triton on torch's stream; qsa_torch_shim/_direct.py), sparse attention only.
+SHIM_TT = "shim-tt"
+SHIMS = ("shim", SHIM_TT)
+IMPLS = ("original", "original034", "xla", "pallas", "triton", AUTO, *SHIMS)
 # The vLLM release each torch-side original is loaded from.
 ORIGINAL_VERSIONS = {"original": "0.30.0", "original034": "0.34.0"}
 TPS = ("TP1", "TP2", "TP4")
@@ -115,10 +119,10 @@ class Backends:
     @classmethod
     def load(cls, settings: Settings, torch_cuda: tuple[bool, str]) -> Backends:
         modules, why = {}, {}
-        torch_impls = (*ORIGINAL_VERSIONS, "shim")
+        torch_impls = (*ORIGINAL_VERSIONS, *SHIMS)
         if not settings.gpu:
             why = {name: "CPU mode: the originals are Triton kernels that need CUDA" for name in ORIGINAL_VERSIONS}
-            why["shim"] = "CPU mode: the shim is timed on CUDA tensors only"
+            why.update(dict.fromkeys(SHIMS, "CPU mode: the shim is timed on CUDA tensors only"))
         elif not torch_cuda[0]:
             why = dict.fromkeys(torch_impls, torch_cuda[1])
         else:
@@ -133,9 +137,21 @@ class Backends:
                 import qsa_torch_shim
 
                 modules["shim"] = qsa_torch_shim
+                modules[SHIM_TT] = _TritonTorchShim(qsa_torch_shim)
             except Exception as exc:
-                why["shim"] = f"import qsa_torch_shim failed: {type(exc).__name__}: {exc}"
+                why.update(dict.fromkeys(SHIMS, f"import qsa_torch_shim failed: {type(exc).__name__}: {exc}"))
         return cls(modules, why)
+
+
+class _TritonTorchShim:
+    """The shim's sparse attention with ``implementation="triton-torch"`` (what a vLLM user
+    passes to take that route), as a module-like object for the torch-side measurement."""
+
+    def __init__(self, shim):
+        self._shim = shim
+
+    def qsa_sparse_paged_attention(self, *args, **kwargs):
+        return self._shim.qsa_sparse_paged_attention(*args, implementation="triton-torch", **kwargs)
 
 
 def implementation_status(settings: Settings, backends: Backends) -> dict[str, dict[str, str]]:
@@ -159,9 +175,10 @@ def implementation_status(settings: Settings, backends: Backends) -> dict[str, d
                        if not settings.gpu and settings.requested is None else None)
             elif name in backends.why_not:
                 why = backends.why_not[name]
-            elif name == "shim":
-                why = None if hasattr(backends.modules["shim"], SHIM_FUNCS[op]) \
-                    else f"qsa_torch_shim has no {SHIM_FUNCS[op]}"
+            elif name in SHIMS:
+                why = None if hasattr(backends.modules[name], SHIM_FUNCS[op]) \
+                    else f"qsa_torch_shim has no {SHIM_FUNCS[op]}" if name == "shim" \
+                    else "sparse attention only (triton-torch is that operator's route)"
             elif name in ORIGINAL_VERSIONS:
                 why = None
             elif name in avail:

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from bench import summarize
 from bench.records import AUTO, CaseResult, RunResult, Timing, write_json
 
-IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim")
+IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim", "shim-tt")
 COLORS = {"original": "black", "original034": "tab:gray", "triton": "tab:blue", "pallas": "tab:orange", "xla": "tab:green",
-          AUTO: "tab:red", "shim": "tab:purple"}
+          AUTO: "tab:red", "shim": "tab:purple", "shim-tt": "tab:pink"}
 
 
 def default_out_dir(repo: pathlib.Path, info: dict) -> pathlib.Path:
@@ -180,20 +180,25 @@ def busy_table(results: Sequence[CaseResult]) -> str:
 
 
 def eager_table(results: Sequence[CaseResult]) -> str:
-    """original vs shim eager latency per sparse-attention case ('' when the run has no shim)."""
-    by_case = _by_case(results, lambda r: (r.case.op == "sparse_attention" and r.case.impl in ("original", "shim")
+    """original vs shim eager latency per sparse-attention case ('' when the run has no shim):
+    the shim's default (JAX) route and, where timed, its ``triton-torch`` route (shim-tt)."""
+    shims = ("shim", "shim-tt")
+    by_case = _by_case(results, lambda r: (r.case.op == "sparse_attention" and r.case.impl in ("original", *shims)
                                            and r.timing.eager_s))
-    rows = [(k, v) for k, v in by_case.items() if "shim" in v]
+    rows = [(k, v) for k, v in by_case.items() if any(s in v for s in shims)]
     if not rows:
         return ""
     lines = ["| where | rows | prefill cfg | original µs | shim µs (seen) | × original | "
-             "shim µs (new tensors) | × original |", "|" + "---|" * 8]
+             "shim µs (new tensors) | × original | triton-torch µs (seen) | × original | "
+             "triton-torch µs (new tensors) | × original |", "|" + "---|" * 12]
     for (_, geo, n, flag), v in rows:
         o = v["original"].eager_s if "original" in v else None
-        s, f = v["shim"].eager_s, v["shim"].eager_new_tensors_s
         ratio = lambda x: f"{x / o:.2f}" if (o and x) else ""  # noqa: E731
-        lines.append(f"| {geo} | {n} | {'yes' if flag else ''} | {_us(o)} | {_us(s)} | {ratio(s)} "
-                     f"| {_us(f)} | {ratio(f)} |")
+        cells = []
+        for name in shims:
+            s, f = (v[name].eager_s, v[name].eager_new_tensors_s) if name in v else (None, None)
+            cells.append(f"{_us(s)} | {ratio(s)} | {_us(f)} | {ratio(f)}")
+        lines.append(f"| {geo} | {n} | {'yes' if flag else ''} | {_us(o)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ import pathlib
 
 from bench.records import AUTO, CaseResult, RunResult, load
 
-IMPL_ORDER = ("original", "xla", "pallas", "triton", AUTO, "shim")
+IMPL_ORDER = ("original", "xla", "pallas", "triton", AUTO, "shim", "shim-tt")
 
 
 # A JAX wall clock this much above the GPU busy time of the same case is XLA's host work.

@@ -444,3 +444,42 @@ def test_bench_auto_row_is_the_librarys_choice(tmp_path):
     assert checks["auto"]["rel_err"] == checks["xla"]["rel_err"] > 0, checks
     assert not [r for r in res["results"] if r["op"] == "store_cache_rows" and r["impl"] == "auto"]
     assert res["implementations"]["store_cache_rows"]["auto"].startswith("unavailable: sparse attention only")
+
+
+def test_shim_triton_torch_column(monkeypatch):
+    """``--impl shim-tt`` times the shim's ``implementation="triton-torch"`` route: sparse
+    attention only, with a reason for the indexer ops; the module-like object passes the
+    route's name through; the eager table shows it beside the default route."""
+    from bench import plan, report
+    from bench.records import CaseResult
+
+    calls = []
+
+    class FakeShim:
+        def qsa_sparse_paged_attention(self, *args, **kwargs):
+            calls.append(kwargs)
+            return "out"
+
+        qsa_compress_groups_with_ratio = qsa_store_cache_rows = qsa_sparse_paged_attention
+
+    tt = plan._TritonTorchShim(FakeShim())
+    assert tt.qsa_sparse_paged_attention(1, 2, output_gate=3) == "out"
+    assert calls == [dict(output_gate=3, implementation="triton-torch")]
+    assert not hasattr(tt, "qsa_store_cache_rows")
+    s = plan.Settings.from_args(__import__("bench.run", fromlist=["parse_args"]).parse_args(
+        ["--impl", "shim,shim-tt", "--op", "sparse,store"]), gpu=True)
+    backends = plan.Backends({"shim": FakeShim(), "shim-tt": tt}, {})
+    status = plan.implementation_status(s, backends)
+    assert status["sparse_attention"]["shim-tt"] == "available"
+    assert status["store_cache_rows"]["shim-tt"].startswith("unavailable: sparse attention only")
+    assert status["store_cache_rows"]["shim"] == "available"
+    cpu = plan.Backends.load(plan.Settings.from_args(
+        __import__("bench.run", fromlist=["parse_args"]).parse_args([]), gpu=False), (False, "no CUDA"))
+    assert "shim-tt" in cpu.why_not and "CPU mode" in cpu.why_not["shim-tt"]
+
+    res = [_result(impl, eager_s=e) for impl, e in (("original", 100e-6), ("shim", 200e-6), ("shim-tt", 80e-6))]
+    assert all(isinstance(r, CaseResult) for r in res)
+    row = report.eager_table(res).splitlines()[-1]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # where, rows, prefill, original, shim, x, shim new, x, triton-torch, x, triton-torch new, x
+    assert cells[3:6] == ["100.0", "200.0", "2.00"] and cells[8:10] == ["80.0", "0.80"], row
