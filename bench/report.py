@@ -183,16 +183,17 @@ def eager_table(results: Sequence[CaseResult]) -> str:
     """original vs shim eager latency per sparse-attention case ('' when the run has no shim):
     the shim's default (JAX) route and, where timed, its ``triton-torch`` route (shim-tt)."""
     shims = ("shim", "shim-tt")
-    by_case = _by_case(results, lambda r: (r.case.op == "sparse_attention" and r.case.impl in ("original", *shims)
-                                           and r.timing.eager_s))
+    by_case = _by_case(results, lambda r: (r.case.op == "sparse_attention"
+                                           and r.case.impl in ("original", "original034", *shims) and r.timing.eager_s))
     rows = [(k, v) for k, v in by_case.items() if any(s in v for s in shims)]
     if not rows:
         return ""
+    # The original: 0.30.0's, or 0.34.0's where 0.30.0 has no path (fp8) or was not timed.
     lines = ["| where | rows | prefill cfg | original µs | shim µs (seen) | × original | "
              "shim µs (new tensors) | × original | triton-torch µs (seen) | × original | "
              "triton-torch µs (new tensors) | × original |", "|" + "---|" * 12]
     for (_, geo, n, flag), v in rows:
-        o = v["original"].eager_s if "original" in v else None
+        o = next((v[name].eager_s for name in ("original", "original034") if name in v), None)
         ratio = lambda x: f"{x / o:.2f}" if (o and x) else ""  # noqa: E731
         cells = []
         for name in shims:

@@ -369,7 +369,10 @@ class TritonLaunch:
         if not isinstance(compiled, CompiledKernel):  # e.g. Triton's interpreter: nothing compiled
             raise TypeError(f"kernel[grid](...) returned {type(compiled).__name__}, not a CompiledKernel")
         compiled.function, compiled.packed_metadata, compiled.run  # noqa: B018 -- what the launch reads
-        return tuple(bound.arguments.values())
+        values = list(bound.arguments.values())
+        for slot in self.slots:
+            values[slot] = None  # each call's tensors go here; the cache must not keep this call's alive
+        return tuple(values)
 
 
 def _hook_set(hook) -> bool:

@@ -483,3 +483,7 @@ def test_shim_triton_torch_column(monkeypatch):
     cells = [c.strip() for c in row.strip("|").split("|")]
     # where, rows, prefill, original, shim, x, shim new, x, triton-torch, x, triton-torch new, x
     assert cells[3:6] == ["100.0", "200.0", "2.00"] and cells[8:10] == ["80.0", "0.80"], row
+    # fp8 (no 0.30.0 path): against 0.34.0
+    res = [_result(impl, eager_s=e) for impl, e in (("original034", 50e-6), ("shim-tt", 40e-6))]
+    cells = [c.strip() for c in report.eager_table(res).splitlines()[-1].strip("|").split("|")]
+    assert cells[3] == "50.0" and cells[8:10] == ["40.0", "0.80"], cells

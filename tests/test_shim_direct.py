@@ -204,6 +204,14 @@ def test_gpu_triton_torch_cached_launch(kv_dtype):
     assert torch.equal(got.view(torch.int16), other.view(torch.int16))
     call(shifted, g2)
     assert P.TRITON_PATHS.last_reason is None
+    # The cached launch keeps no tensor of the call that filled it (q here, the outputs too).
+    import gc
+    import weakref
+
+    gone = weakref.ref(flat)
+    del flat, shifted, got
+    gc.collect()
+    assert gone() is None, "the cached launch holds a tensor of the call that compiled it"
 
 
 def test_triton_torch_bf16_takes_the_030_table_by_default():
