@@ -41,6 +41,7 @@ ORIGINAL_MODULE = "vllm.models.qwen4_exp.nvidia.ops.qsa"
 __all__ = [
     "set_out_copy_max_bytes",
     "set_stream_fence",
+    "set_sparse_implementation",
     "set_tiling_table",
     "ShimCopyWarning",
     "clear_import_cache",
@@ -93,6 +94,22 @@ def set_out_copy_max_bytes(limit: int) -> None:
     from qsa_torch_shim import _eager
 
     _eager.OUT_COPY_MAX_BYTES[0] = int(limit)
+
+
+def set_sparse_implementation(name: str | None) -> None:
+    """The sparse attention's implementation for calls that name none, from the next call on.
+
+    None (the default, also when ``QSA_SHIM_SPARSE_IMPLEMENTATION`` is unset): the JAX route
+    with qsa_jax's own choice. "triton-torch": qsa_jax's jax-triton kernels launched by Triton
+    on torch's stream (``_direct``; CUDA tensors; on the H200 0.46-1.20x the originals' eager
+    call against 0.93-4.15x for the JAX route, bench/results/nvidia-h200_2026-12-04/session11/)
+    -- how vLLM, which calls the installed module without ``implementation=``, reaches it.
+    "pallas", "triton", "xla": that implementation through JAX. A call's own
+    ``implementation=`` still wins.
+    """
+    from qsa_torch_shim import ops
+
+    ops.SPARSE_IMPLEMENTATION[0] = ops.check_sparse_implementation(name, "name")
 
 
 def set_tiling_table(table: str | None) -> None:

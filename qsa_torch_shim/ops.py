@@ -15,6 +15,8 @@ it (``_torch_ops``, registered on first use).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from qsa_jax.ops.sparse_attention import triton as _jax_triton_route
@@ -31,6 +33,23 @@ __all__ = [
     "qsa_store_cache_rows",
     "warmup_qsa_sparse_paged_attention",
 ]
+
+
+# The sparse attention's implementation when a call names none: None (the JAX route with
+# qsa_jax's choice) unless ``qsa_torch_shim.set_sparse_implementation`` or
+# QSA_SHIM_SPARSE_IMPLEMENTATION (read at import) says otherwise -- the way a vLLM that
+# calls the installed module without ``implementation=`` reaches "triton-torch".
+SPARSE_IMPLEMENTATIONS = ("pallas", "triton", "xla", _direct.NAME)
+
+
+def check_sparse_implementation(name, what: str = "implementation"):
+    if name is not None and name not in SPARSE_IMPLEMENTATIONS:
+        raise ValueError(f"{what} must be None or one of {SPARSE_IMPLEMENTATIONS}; got {name!r}")
+    return name
+
+
+SPARSE_IMPLEMENTATION = [check_sparse_implementation(
+    os.environ.get("QSA_SHIM_SPARSE_IMPLEMENTATION", "").strip() or None, "QSA_SHIM_SPARSE_IMPLEMENTATION")]
 
 
 def _traced_ops():
@@ -60,7 +79,10 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
                    surface):
     """The originals' checks of ``surface``, then the call. An eager call whose arguments
     are the memory views and tensor objects of an earlier call skips both the checks
-    and the import lookups (``_call_cache``: one key, one dict lookup)."""
+    and the import lookups (``_call_cache``: one key, one dict lookup). A call that names
+    no implementation takes ``SPARSE_IMPLEMENTATION`` (``set_sparse_implementation``)."""
+    if implementation is None:
+        implementation = SPARSE_IMPLEMENTATION[0]
     if implementation == _direct.NAME:
         return _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                                use_prefill_config, out, output_gate, k_scale, v_scale, surface)

@@ -40,6 +40,50 @@ def test_triton_torch_needs_cuda_tensors_outside_the_interpreter(monkeypatch):
                                      implementation="triton-torch")
 
 
+def test_process_default_implementation(monkeypatch):
+    """``set_sparse_implementation`` sets the implementation of calls that name none (how an
+    installed shim under vLLM reaches triton-torch); a call's own ``implementation=`` wins;
+    bad names raise, naming the argument or the variable."""
+    import qsa_torch_shim as S
+    from qsa_testing import cases as C
+    from qsa_testing.torch_interop import kv_views, to_torch
+    from qsa_torch_shim import ops
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(ops, "SPARSE_IMPLEMENTATION", [None])
+    rng = np.random.default_rng(2)
+    case = C.sparse_attention_case(rng, name="cpu", rows=3, num_query_heads=4, num_kv_heads=2, head_dim=16,
+                                   page_size=8, selection_blocks=4, context_tokens=32, num_requests=2)
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    k, v = kv_views(t(case.kv_cache), 16)
+    args = (t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req), False)
+    gate = t(case.output_gate)
+    want = S.qsa_sparse_paged_attention(*args, output_gate=gate)  # the JAX route (xla on CPU)
+    S.set_sparse_implementation("triton-torch")
+    with pytest.raises(NotImplementedError, match="triton-torch.*needs CUDA tensors"):
+        S.qsa_sparse_paged_attention(*args, output_gate=gate)  # the default now names triton-torch
+    got = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="xla")
+    assert torch_equal(got, want)
+    S.set_sparse_implementation(None)
+    assert torch_equal(S.qsa_sparse_paged_attention(*args, output_gate=gate), want)
+    with pytest.raises(ValueError, match="name must be None or one of"):
+        S.set_sparse_implementation("cuda")
+    for value, ok in (("triton-torch", True), ("fast", False)):
+        done = subprocess.run([sys.executable, "-c", "import qsa_torch_shim.ops as o; print(o.SPARSE_IMPLEMENTATION)"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "QSA_SHIM_SPARSE_IMPLEMENTATION": value, "JAX_PLATFORMS": "cpu"})
+        if ok:
+            assert done.returncode == 0 and "['triton-torch']" in done.stdout, done.stderr[-2000:]
+        else:
+            assert done.returncode != 0 and "QSA_SHIM_SPARSE_IMPLEMENTATION must be None or one of" in done.stderr
+
+
+def torch_equal(a, b):
+    import torch
+
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
 def test_triton_torch_in_triton_interpreter():
     done = subprocess.run([sys.executable, __file__, "--interpret"], cwd=REPO, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"})
