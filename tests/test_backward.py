@@ -143,8 +143,11 @@ def test_bf16_gradients_against_the_floor(impl, config):
     # duplicated tokens among them). The named-pages accumulator (2 x 8 table entries < 19
     # pages); then a pool of 6 pages shared by the requests (the whole cache as the
     # accumulator), split layout, 4-slot blocks, 16 lanes.
-    (dict(order="inverted", block_n=8), "fused", None, 12), (dict(order="inverted", block_n=4, lanes=16), "split", 6, 12)],
-    ids=["sorted", "sorted-3splits", "selection-3splits", "inverted", "inverted-split-shared"])
+    # The named-pages case writes those pages straight into the cache-shaped gradient
+    # (padding pages write nothing): both layouts.
+    (dict(order="inverted", block_n=8), "fused", None, 12), (dict(order="inverted", block_n=8), "split", None, 12),
+    (dict(order="inverted", block_n=4, lanes=16), "split", 6, 12)],
+    ids=["sorted", "sorted-3splits", "selection-3splits", "inverted", "inverted-split", "inverted-split-shared"])
 def test_pallas_backward_orders_and_splits(kw, layout, pool, rows):
     """The Pallas backward's entry orders and splittings (backward_pallas.ORDERS) walk the
     same entries: each meets the float64 bar and equals the default walk within fp32
@@ -434,6 +437,21 @@ def test_pallas_backward_lowers_to_triton_for_sm90(monkeypatch):
     assert (int(warps["qsa_sparse_attention_backward"]), int(warps["qsa_sparse_attention_backward_inverted"])) \
         == (4, backward_pallas.INVERTED_WARPS)
     export(jax.grad(lambda q, k, v, g: loss(q, (k, v), g), argnums=(0, 1, 2, 3)), q, half, half, q)
+    # One request in a larger pool: the named pages are written straight into the
+    # cache-shaped gradient (a masked store on the GPU), both layouts.
+    one, _ = _case(seed=8, rows=2, heads=24, hk=2, d=256, page=64, blocks=40, context=256, requests=1,
+                   edges=False, num_pages=12)
+    p1 = _problem(one)
+    assert backward_pallas.named_pages(p1, jnp.asarray(one.block_table)) is not None
+    m1 = _meta(one)
+    for kv_spec in (jax.ShapeDtypeStruct(one.kv_cache.shape, jnp.bfloat16),
+                    (jax.ShapeDtypeStruct(half.shape[:0] + (12,) + half.shape[1:], jnp.bfloat16),) * 2):
+        arrays = kv_spec if isinstance(kv_spec, tuple) else (kv_spec,)
+        p_kv = p1 if len(arrays) == 1 else check_sparse_attention_args(
+            q, arrays, *m1, q, use_prefill_config=False, config=None)
+        text = export(lambda q, g, a, lse, c, *kv: backward_pallas.pallas_backward(
+            p_kv, q, kv, *m1, g, a, lse, c, order="inverted"), q, q, q, lse, q, *arrays)
+        assert "qsa_sparse_attention_backward_inverted" in text
     batch = lambda s: jax.ShapeDtypeStruct((2,) + s.shape, s.dtype)  # noqa: E731
     export(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), batch(q), batch(fused), batch(q))
 

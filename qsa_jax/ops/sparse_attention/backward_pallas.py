@@ -218,9 +218,14 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_
 
 
 def _inverted_kernel(q_ref, k_ref, v_ref, pages_ref, starts_ref, ref_rows_ref, counts_ref, da_ref,
-                     delta_ref, lse_ref, dkv_ref, *, p: SparseAttentionProblem, block_rows: int,
+                     delta_ref, lse_ref, zeros_ref, dkv_ref, *, p: SparseAttentionProblem, block_rows: int,
                      lanes: int, compact: bool, interpreted: bool):
     """dK|dV of one (block of ``block_rows`` cache slots, KV head), written once.
+
+    ``dkv_ref``: with ``compact`` the cache-shaped, zero-filled gradient (aliased to
+    ``zeros_ref``), whose named pages' rows the blocks write directly (the compacted slots
+    map to them through ``pages_ref``; padding pages write nothing); else the accumulator
+    [cache rows, 2D] itself, every row written.
 
     The block's references (rows that select any of its slots, ``inverted_index``) are
     walked ``lanes`` (row, query head) pairs at a time -- the references flattened with
@@ -273,9 +278,27 @@ def _inverted_kernel(q_ref, k_ref, v_ref, pages_ref, starts_ref, ref_rows_ref, c
 
     zero = jnp.zeros((br, d), jnp.float32)
     d_keys, d_values = lax.fori_loop(0, (pairs + lanes - 1) // lanes, body, (zero, zero))
-    out_row = kv.row_index(acc_page, tokens, head)  # the accumulator's own pages
-    dkv_ref[out_row[:, None], dims[None, :]] = d_keys.astype(dkv_ref.dtype)
-    dkv_ref[out_row[:, None], (d + dims)[None, :]] = d_values.astype(dkv_ref.dtype)
+    if not compact:
+        out_row = kv.row_index(acc_page, tokens, head)
+        dkv_ref[out_row[:, None], dims[None, :]] = d_keys.astype(dkv_ref.dtype)
+        dkv_ref[out_row[:, None], (d + dims)[None, :]] = d_values.astype(dkv_ref.dtype)
+        return
+    # The named page's own rows; a padding page (index NB) has no rows and writes nothing
+    # (its clamped rows belong to a real page that another program writes).
+    named = jnp.broadcast_to(pages_ref[acc_page] < kv.num_pages, (br, d))
+    out_row = kv.row_index(page, tokens, head)[:, None]
+    for cols, values in ((dims, d_keys), (d + dims, d_values)):
+        _store_rows(dkv_ref, out_row, cols[None, :], values.astype(dkv_ref.dtype), named, not interpreted)
+
+
+def _store_rows(ref, row_index, col_index, values, valid, masked: bool):
+    """``ref[row_index, col_index] = values`` where ``valid``; elsewhere ``ref`` keeps its
+    contents. On the GPU a masked store; the interpreter (programs run one after another)
+    writes back what it read where not ``valid``."""
+    if masked:
+        plgpu.store(ref.at[row_index, col_index], values, mask=valid)
+        return
+    ref[row_index, col_index] = jnp.where(valid, values, ref[row_index, col_index])
 
 
 def inverted_index(p: SparseAttentionProblem, acc, num_slots: int, block_rows: int):
@@ -353,7 +376,8 @@ def named_pages(p: SparseAttentionProblem, block_table):
 def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv, compaction):
     """The fp32 accumulator (dK | dV per row, ``compaction``'s pages or the whole cache)
     in ``kv_arrays``' layout: for the fused cache a conversion in place of the row order
-    it already has (and a scatter of whole pages when compacted)."""
+    it already has (and, for the selection walk with compaction, a scatter of whole pages; the
+    inverted walk writes its named pages in place and arrives without compaction)."""
     kv, d = p.kv, p.head_dim
     if compaction is None:
         if kv.fused:
@@ -485,8 +509,9 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         dkv = _inverted_dkv(p, q, k_rows, v_rows, acc, compaction, acc_rows, da16, delta, lse,
                             kv_arrays[0].dtype, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES,
                             num_warps, interpreted)
-    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)), _kv_cotangent(p, kv_arrays, dkv, compaction),
-            d_gate)
+    # The inverted walk's dK/dV is already cache-shaped (named pages written in place).
+    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)),
+            _kv_cotangent(p, kv_arrays, dkv, None if inverted else compaction), d_gate)
 
 
 def resolve_order(p: SparseAttentionProblem, order: str | None) -> str:
@@ -525,20 +550,26 @@ def _check_inverted_launch(kv, block_rows: int, lanes: int, interpreted: bool):
 
 def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction, acc_rows: int, da16,
                   delta, lse, dtype, block_rows: int, lanes: int, num_warps: int | None, interpreted: bool):
-    """dK|dV [acc_rows, 2D] in ``dtype`` from ``_inverted_kernel`` (every row written once)."""
+    """dK|dV from ``_inverted_kernel`` in ``dtype``: [cache rows, 2D] -- without
+    ``compaction`` every row written once; with it the named pages' rows written into a
+    zero-filled gradient of the whole cache (so no scatter of the pages follows)."""
     kv, d = p.kv, p.head_dim
     num_slots = acc_rows // kv.num_kv_heads
     starts, ref_rows, counts = inverted_index(p, acc, num_slots, block_rows)
-    pages = compaction[0] if compaction is not None else jnp.zeros((1,), jnp.int32)
+    compact = compaction is not None
+    pages = compaction[0] if compact else jnp.zeros((1,), jnp.int32)
+    # The zero fill is XLA's (a memset); the kernel then writes only the named pages.
+    zeros = jnp.zeros((kv.num_rows if compact else 1, 2 * d), dtype)
     kernel = functools.partial(_inverted_kernel, p=p, block_rows=block_rows, lanes=lanes,
-                               compact=compaction is not None, interpreted=interpreted)
+                               compact=compact, interpreted=interpreted)
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((acc_rows, 2 * d), dtype),
+        out_shape=jax.ShapeDtypeStruct((kv.num_rows if compact else acc_rows, 2 * d), dtype),
         grid=(num_slots // block_rows, kv.num_kv_heads),
-        in_specs=[pl.no_block_spec] * 10,
+        in_specs=[pl.no_block_spec] * 11,
         out_specs=pl.no_block_spec,
+        input_output_aliases={10: 0} if compact else {},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or INVERTED_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward_inverted",
-    )(q.reshape(-1, d), k_rows, v_rows, pages, starts, ref_rows, counts, da16, delta, lse)
+    )(q.reshape(-1, d), k_rows, v_rows, pages, starts, ref_rows, counts, da16, delta, lse, zeros)
