@@ -180,3 +180,25 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
     monkeypatch.setattr(reg, "why_not", lambda name: None if name != "triton" else "no jax-triton")
     assert reg.choose(None, order=("triton", "pallas", "xla")) == "pallas"
     assert reg.choose(None, order=("xla", "pallas")) == "xla"
+
+
+def test_prefill_entry_that_differs_only_in_implementation_keeps_its_own(monkeypatch):
+    """A measured table whose prefill entry has the decode entry's tiling but another
+    implementation (or stages): use_prefill_config=True gets the prefill entry's, False the
+    decode entry's (the problem keeps the flag whenever the entry differs, not only the tiling)."""
+    import jax.numpy as jnp
+
+    from qsa_jax import _implementations, config
+
+    table = config._table("test-prefill", [(2048, (32, 2, 1, 2))], large_decode=(32, 2, 1, 2),
+                          large_prefill=(32, 2, 1, 2, "triton"))
+    monkeypatch.setitem(config.MEASURED_TABLES, (9, 0), (table, table))
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    monkeypatch.setattr(_implementations, "backend", lambda: "gpu")
+    big = 2048  # x 2 KV heads: above LARGE_BATCH_PROGRAMS
+    decode, prefill = _problem(big, jnp.bfloat16), _problem(big, jnp.bfloat16, prefill=True)
+    assert decode.config == prefill.config and prefill.prefill_tiling and not decode.prefill_tiling
+    assert config.sparse_attention_order(prefill)[0] == "triton"
+    assert config.sparse_attention_order(decode)[0] == "pallas"
+    small = _problem(4, jnp.bfloat16, prefill=True)  # the flag changes nothing below the large batch
+    assert not small.prefill_tiling and config.sparse_attention_order(small)[0] == "pallas"

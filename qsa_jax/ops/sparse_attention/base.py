@@ -403,8 +403,12 @@ def check_sparse_attention_args(
             raise ValueError(f"config.num_tiles must be >= 1; got {cfg.num_tiles}")
         if not 1 <= cfg.num_splits <= cfg.num_tiles:
             raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
-    prefill_tiling = not explicit and cfg != table_choice(rows, cache.num_kv_heads, width, False, fmt != "bf16",
-                                                          config)[0]
+    # The flag is kept where it changes the table's entry: its tiling, or (a measured table)
+    # the entry's stages or implementation (``config.sparse_attention_order`` reads it again).
+    prefill_tiling = not explicit and bool(use_prefill_config) and (
+        cfg != table_choice(rows, cache.num_kv_heads, width, False, fmt != "bf16", config)[0]
+        or table_tiling(rows * cache.num_kv_heads, True, is_fp8=fmt != "bf16", table=config)
+        != table_tiling(rows * cache.num_kv_heads, False, is_fp8=fmt != "bf16", table=config))
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
                                   config_explicit=explicit, q_layout=q_layout, kv_format=fmt,
                                   scaled=all(given.values()), num_stages=stages,
