@@ -116,9 +116,17 @@ BF16_BAR = {"xla": {"q": 1.15, "kv": 1.15, "gate": 2.3},
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("config", [None, (16, 1, 4, 3)], ids=["table", "splits3"])
-def test_bf16_gradients_against_the_floor(impl, config):
-    case, rng = _case(seed=2, rows=4, heads=12, hk=2, d=32, blocks=12, context=64)
+@pytest.mark.parametrize("config,page", [(None, 8), ((16, 1, 4, 3), 8), (None, 16)],
+                         ids=["table", "splits3", "table-page16"])
+def test_bf16_gradients_against_the_floor(impl, config, page):
+    """The gradients against the float64 ones, as a ratio to the bf16 floor. Pages of 8 take
+    the Pallas backward's selection walk (16-slot blocks do not fit), pages of 16 its default,
+    the inverted walk."""
+    if page == 16 and impl == "pallas":
+        from qsa_jax.ops.sparse_attention import backward_pallas as BP
+
+        assert BP.resolve_order(_problem(_case(page=16, context=64, edges=False)[0]), None) == "inverted"
+    case, rng = _case(seed=2, rows=4, heads=12, hk=2, d=32, page=page, blocks=12 * 8 // page, context=64)
     case = C.poison_unreferenced(case, SparseAttentionConfig(*config) if config else None)
     ct = C.bf16_random(rng, case.q.shape)
     out, grads = _vjp(case, impl, ct, config=config)
