@@ -74,6 +74,10 @@ class Tiling(NamedTuple):
     # None: the default order. Only a measured table sets it; it has no numeric effect
     # beyond which kernel runs the (same) tiling.
     implementation: str | None = None
+    # The Pallas kernel's warps where the entry was measured with another implementation
+    # and Pallas's own winner there used other warps (it then still runs when that
+    # implementation cannot, or is named); None: ``warps``.
+    pallas_warps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +187,10 @@ H200_BF16 = _table("h200-bf16-measured",
 H200_FP8 = _table("h200-fp8-measured",
                   [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 33, 2, 2, "triton")),
                    (16, (64, 33, 2, 2, "triton")), (24, (64, 33, 2, 2, "triton")), (32, (32, 16, 2, 2)),
-                   (64, (32, 8, 1, 2, "triton")), (128, (32, 4, 1, 2, "triton")), (256, (32, 4, 1, 2, "triton")),
+                   # 33-128: the Pallas sweep's winners were these tilings at 2 warps
+                   # (1 warp spills in Pallas, session 8), which Pallas keeps.
+                   (64, (32, 8, 1, 2, "triton", 2)), (128, (32, 4, 1, 2, "triton", 2)),
+                   (256, (32, 4, 1, 2, "triton")),
                    (512, (32, 4, 1, 2, "triton")), (2048, (32, 2, 1, 2, "triton"))],
                   # use_prefill_config was not swept; as in H200_BF16 it takes the 4096 winner:
                   # TP1 2048 rows 1.40x of 0.34.0's prefill (0.34.0's entry launched at 2 warps
@@ -429,15 +436,17 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
     """The Pallas kernels' launch for ``problem``, with its ``launch=`` override applied.
 
     The tiling always comes from ``problem.config``; the split kernel's warps:
-    * a measured table (``MEASURED_TABLES``) sets warps and stages as it measured them;
+    * a measured table (``MEASURED_TABLES``) sets warps and stages as it measured them
+      (the entry's ``pallas_warps`` where it was measured with jax-triton and Pallas's own
+      winner there had other warps);
     * with one of vLLM's tables on a Hopper GPU, the table's warps except that one warp
       becomes two, and 2 stages: at one warp the kernel's [16, 256] fp32 accumulator plus
       the pipelined tile spill ~5x more than the original's (ptxas: 780 vs 160 bytes);
       two warps have no spills (notes/pallas.md);
     * an explicit ``config=`` (and any other device) launches the table's warps with
       ``PALLAS_NUM_STAGES``.
-    Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton
-    kernel's helped at 32-64 rows and hurt at BN 64 with several splits, notes/triton.md).
+    Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton kernel's
+    is off everywhere since session 11, ``triton_prefetch``).
     The merge's D chunk: ``merge_block_d``; with ``merge="fused"``
     ``pallas_fused_merge_block_d`` unless the override sets it.
     """
@@ -445,6 +454,9 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
     warps, stages = cfg.num_warps, PALLAS_NUM_STAGES
     if problem.num_stages is not None:  # a measured table: its warps and stages as measured
         stages = problem.num_stages
+        entry = table_tiling(problem.num_rows * problem.num_kv_heads, problem.prefill_tiling,
+                             is_fp8=problem.is_fp8, table=problem.table)
+        warps = entry.pallas_warps or warps
     elif not problem.config_explicit and running_on_hopper():
         warps = 2 if cfg.num_warps == 1 else cfg.num_warps
     default = PallasLaunch(
@@ -533,12 +545,13 @@ def triton_prefetch(block_n: int, num_splits: int, num_warps: int) -> bool:
     computes this one: never, since session 11. Early on (bf16, H200, an older kernel) it
     measured +8-10% at 32-64 rows with 1 warp and BN 32, so it was on except for BN >= 64
     with several splits. Session 11 (H200, busy time against the originals in one process,
-    bench/results/nvidia-h200_2026-12-04/session11/call_b/) timed it off against on at the
+    bench/results/nvidia-h200_2026-12-04/session11/) timed it off against on at the
     originals' tilings: bf16 TP4 at 0.34.0's (32, 4 splits, 1 warp) 1.60 -> 1.00x at 512
     programs and 1.74 -> 1.09x at 2048, at 0.30.0's (32, 8, 1) 1.39 -> 0.95x at 64; TP1 at
     0.30.0's (64, 1, 2) 1.14 -> 1.03x at 1024 programs; fp8 at 0.34.0's tiling 64-512 programs
-    1.02-1.09 -> 0.99-1.03x at TP1 (call_a); at the fp8 table's one-warp entries (256-4096
-    programs) within 0.5% either way. Where "on" still won it was by <= 5% at <= 64 programs."""
+    1.05-1.09 -> 0.99-1.03x at TP1 (call a); at the fp8 table's one-warp entries (256-4096
+    programs) within 0.6% either way. On still won some cells: by up to 7% at one row (TP4 fp8,
+    0.30.0's tiling), 3-5% at 128 programs on the library's table, 1-2% at 1024-4096 programs."""
     return False
 
 

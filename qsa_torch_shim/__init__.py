@@ -101,7 +101,7 @@ def set_sparse_implementation(name: str | None) -> None:
 
     None (the default, also when ``QSA_SHIM_SPARSE_IMPLEMENTATION`` is unset): the JAX route
     with qsa_jax's own choice. "triton-torch": qsa_jax's jax-triton kernels launched by Triton
-    on torch's stream (``_direct``; CUDA tensors; on the H200 0.46-1.20x the originals' eager
+    on torch's stream (``_direct``; CUDA tensors; on the H200 0.46-1.17x the originals' eager
     call against 0.93-4.15x for the JAX route, bench/results/nvidia-h200_2026-12-04/session11/)
     -- how vLLM, which calls the installed module without ``implementation=``, reaches it.
     "pallas", "triton", "xla": that implementation through JAX. A call's own

@@ -160,8 +160,8 @@ def _scale_pair(head_dim: int, scales, device: torch.device) -> torch.Tensor:
 
 # The tiling table of a bf16 cache when the shim's is the library's default (None): vLLM
 # 0.30.0's. The library's measured H200 bf16 table was tuned for the Pallas kernel; the
-# jax-triton kernels ran it 1.07-1.47x the faster original's kernel time at 64-2048 rows against
-# 0.95-1.03x for 0.30.0's table (one exception each way at 16 and 512 programs; H200, session 11,
+# jax-triton kernels ran it 1.03-1.47x the faster original's kernel time at 64-2048 rows against
+# 0.95-1.03x for 0.30.0's table (exceptions: TP1 8 rows and TP4 512 rows; H200, session 11,
 # bench/results/nvidia-h200_2026-12-04/session11/). fp8 keeps the library's table, whose
 # entries from 5 programs up were measured with these kernels.
 BF16_DEFAULT_TABLE = "vllm-0.30"

@@ -304,6 +304,8 @@ def _triton_fast_reason() -> str | None:
         return f"triton {triton.__version__} is not one the cached launch was checked against"
     if _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
         return "a Triton launch hook is set"
+    if knobs.runtime.debug:
+        return "Triton's runtime debug is on"
     return None
 
 
@@ -328,7 +330,8 @@ class TritonLaunch:
         # Triton specialises a pointer on 16-byte alignment: a kernel compiled for aligned
         # pointers must not get an unaligned one, so alignment is part of the key.
         key = (device, tuple(t.data_ptr() & 15 == 0 for t in tensors))
-        found = self.compiled.get(key)
+        cache = self.compiled  # None once this kernel's binding failed: always kernel[grid]
+        found = None if cache is None else cache.get(key)
         if found is not None and _TRITON_FAST[0] is None and _no_launch_hooks():
             compiled, values = found
             values = list(values)
@@ -345,11 +348,12 @@ class TritonLaunch:
         TRITON_PATHS.jit += 1
         reason = _TRITON_FAST[0] = _triton_fast_reason()
         TRITON_PATHS.last_reason = reason
-        if reason is None and found is None:
+        if reason is None and found is None and cache is not None:
             try:
-                self.compiled[key] = (compiled, self._values(compiled, args))
-            except _API_ERRORS as exc:  # the kernel or Triton is not what this expects
-                TRITON_PATHS.last_reason = _TRITON_FAST[0] = f"binding: {type(exc).__name__}: {exc}"
+                cache[key] = (compiled, self._values(compiled, args))
+            except _API_ERRORS as exc:  # this kernel or Triton is not what this expects
+                self.compiled = None
+                TRITON_PATHS.last_reason = f"binding: {type(exc).__name__}: {exc}"
 
     def _values(self, compiled, args: list) -> tuple:
         """Every parameter's value in the kernel's order, as ``JITFunction.run`` passes them
@@ -382,9 +386,12 @@ def _hook_set(hook) -> bool:
 
 
 def _no_launch_hooks() -> bool:
+    """No launch hook set and Triton's runtime debug off (both read by ``JITFunction.run`` per
+    call; the cached launch would skip them)."""
     from triton import knobs
 
-    return not (_hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook))
+    return not (_hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook)
+                or knobs.runtime.debug)
 
 
 # None: the cached launch may run; else the reason it may not (re-checked at each jit launch).

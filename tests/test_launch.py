@@ -202,3 +202,23 @@ def test_prefill_entry_that_differs_only_in_implementation_keeps_its_own(monkeyp
     assert config.sparse_attention_order(decode)[0] == "pallas"
     small = _problem(4, jnp.bfloat16, prefill=True)  # the flag changes nothing below the large batch
     assert not small.prefill_tiling and config.sparse_attention_order(small)[0] == "pallas"
+
+
+def test_pallas_keeps_its_own_warps_at_jax_triton_entries(monkeypatch):
+    """fp8 at 33-128 programs: the H200 entries name jax-triton at 0.34.0's one-warp tiling,
+    but Pallas (without jax-triton, or named) keeps its own sweep winner's 2 warps there
+    (one warp spills in Pallas); from 129 programs the one-warp entries were Pallas's own
+    winners too."""
+    import jax.numpy as jnp
+
+    from qsa_jax import config
+
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    monkeypatch.setattr(config, "running_on_hopper", lambda: True)
+    for rows, pallas_warps in ((17, 2), (32, 2), (64, 2), (128, 1), (1024, 1)):
+        p = _problem(rows, jnp.float8_e4m3fn)
+        assert p.config.num_warps == 1, rows
+        assert config.pallas_launch(p).num_warps == pallas_warps, rows
+        assert config.triton_launch(p).num_warps == 1, rows
+    assert config.pallas_launch(_problem(32, jnp.bfloat16)).num_warps == config.table_tiling(
+        64, False, is_fp8=False, capability=(9, 0)).warps

@@ -186,6 +186,9 @@ def test_gpu_triton_torch_follows_torchs_stream():
     expected = [_triton_route(qs, *args[1:], output_gate=gate).clone() for qs in q_sets]
     torch.cuda.synchronize()
     assert not torch.equal(expected[0], expected[1])
+    from qsa_torch_shim import _private_api as P
+
+    fast_before = P.TRITON_PATHS.fast
     side, q, out = torch.cuda.Stream(), torch.empty_like(args[0]), torch.empty_like(args[0])
     results = torch.empty((20,) + tuple(out.shape), dtype=out.dtype, device="cuda")
     with torch.cuda.stream(side):
@@ -198,9 +201,7 @@ def test_gpu_triton_torch_follows_torchs_stream():
     torch.cuda.synchronize()
     bad = [it for it in range(20) if not torch.equal(results[it], expected[it % 2])]
     assert not bad, f"iterations {bad} read stale inputs or unwritten output"
-    from qsa_torch_shim import _private_api as P
-
-    assert P.TRITON_PATHS.fast > 0, P.TRITON_PATHS.last_reason  # the cached launch took torch's stream
+    assert P.TRITON_PATHS.fast > fast_before, P.TRITON_PATHS.last_reason  # the cached launch took torch's stream
 
 
 @pytest.mark.gpu
@@ -226,8 +227,12 @@ def test_gpu_triton_torch_cached_launch(kv_dtype):
         torch.cuda.synchronize()
         return out
 
+    from qsa_torch_shim import _direct
+
+    _direct._SIGNATURES.clear()  # earlier tests of these shapes: this signature starts afresh
     P.TRITON_PATHS.reset()
-    first = call(args[0], gate)  # compiled here, or by an earlier test of these shapes
+    first = call(args[0], gate)  # through kernel[grid](...), which caches the compiled kernels
+    assert P.TRITON_PATHS.jit >= 1 and P.TRITON_PATHS.fast == 0, vars(P.TRITON_PATHS)
     assert P.TRITON_PATHS.last_reason is None, P.TRITON_PATHS.last_reason
     q2, g2 = torch.randn_like(args[0].float()).to(torch.bfloat16), torch.randn_like(gate.float()).to(torch.bfloat16)
     jit = P.TRITON_PATHS.jit

@@ -4,7 +4,7 @@
 #   $OUT/golden.tgz (unpack into tests/golden), $OUT/<card>_<date>/ (results.json/md, plots)
 # Usage (device tool; carry .whl .cache/originals): bash tools/gpu_goldens_and_grid.sh
 # Knobs: GRID_ARGS (extra bench.run flags), GRID_IMPLS (default rows: both originals, pallas and
-# auto = implementation=None, i.e. jax-triton for fp8 on Hopper at 129-2048 programs; add ",triton"
+# auto = implementation=None, i.e. jax-triton for fp8 on Hopper at 5-24 and 33+ programs; add ",triton"
 # for every jax-triton row; a longer grid), GRID_TIMEOUT, GOLDEN_TIMEOUT, TESTS_TIMEOUT.
 source tools/gpu_env.sh
 set -o pipefail

@@ -92,7 +92,9 @@ def _measure(S, kernel_trace, mods, geo, pools, tp, kv, rows):
         def call(table=table):
             S.set_tiling_table(table)
             return S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="triton-torch", **extra)
-        calls[f"triton-torch {table or 'library'}"] = call
+        # None: the shim's default table, which for a bf16 cache triton-torch turns into 0.30.0's
+        # (_direct.effective_table, since session 11; call a-c's "library" bf16 columns predate it)
+        calls[f"triton-torch {table or 'default'}"] = call
     ref = None
     line = dict(tp=tp, kv=kv, rows=rows, columns={})
     for name, fn in calls.items():
