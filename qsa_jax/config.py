@@ -432,6 +432,15 @@ PALLAS_NUM_STAGES = 2
 PALLAS_MERGE_WARPS = 2
 
 
+def measured_entry(problem: "SparseAttentionProblem") -> Tiling | None:
+    """The measured table's entry ``problem``'s tiling came from (its stages, implementation
+    and Pallas warps as measured); None when the tiling did not come from one."""
+    if problem.num_stages is None:
+        return None
+    return table_tiling(problem.num_rows * problem.num_kv_heads, problem.prefill_tiling,
+                        is_fp8=problem.is_fp8, table=problem.table)
+
+
 def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
     """The Pallas kernels' launch for ``problem``, with its ``launch=`` override applied.
 
@@ -454,9 +463,7 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
     warps, stages = cfg.num_warps, PALLAS_NUM_STAGES
     if problem.num_stages is not None:  # a measured table: its warps and stages as measured
         stages = problem.num_stages
-        entry = table_tiling(problem.num_rows * problem.num_kv_heads, problem.prefill_tiling,
-                             is_fp8=problem.is_fp8, table=problem.table)
-        warps = entry.pallas_warps or warps
+        warps = measured_entry(problem).pallas_warps or warps
     elif not problem.config_explicit and running_on_hopper():
         warps = 2 if cfg.num_warps == 1 else cfg.num_warps
     default = PallasLaunch(
@@ -520,11 +527,9 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
         return (name,) + tuple(n for n in order if n != name)
 
     order = DEFAULT_ORDER[backend()]
-    if problem.num_stages is not None:  # the tiling came from a measured table
-        entry = table_tiling(problem.num_rows * problem.num_kv_heads, problem.prefill_tiling,
-                             is_fp8=problem.is_fp8, table=problem.table)
-        if entry.implementation in order:
-            order = first(entry.implementation, order)
+    entry = measured_entry(problem)
+    if entry is not None and entry.implementation in order:
+        order = first(entry.implementation, order)
     if launch_implementation in order:
         order = first(launch_implementation, order)
     return order

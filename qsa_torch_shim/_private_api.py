@@ -302,11 +302,8 @@ def _triton_fast_reason() -> str | None:
         return f"triton internals: {type(exc).__name__}: {exc}"
     if not triton.__version__.startswith(TRITON_FAST_VERSIONS):
         return f"triton {triton.__version__} is not one the cached launch was checked against"
-    if _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
-        return "a Triton launch hook is set"
-    if knobs.runtime.debug:
-        return "Triton's runtime debug is on"
-    return None
+    _KNOBS[0] = knobs.runtime
+    return _runtime_knobs_reason()
 
 
 class TritonLaunch:
@@ -332,7 +329,7 @@ class TritonLaunch:
         key = (device, tuple(t.data_ptr() & 15 == 0 for t in tensors))
         cache = self.compiled  # None once this kernel's binding failed: always kernel[grid]
         found = None if cache is None else cache.get(key)
-        if found is not None and _TRITON_FAST[0] is None and _no_launch_hooks():
+        if found is not None and _TRITON_FAST[0] is None and _runtime_knobs_reason() is None:
             compiled, values = found
             values = list(values)
             for slot, t in zip(self.slots, tensors):
@@ -385,14 +382,19 @@ def _hook_set(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _no_launch_hooks() -> bool:
-    """No launch hook set and Triton's runtime debug off (both read by ``JITFunction.run`` per
-    call; the cached launch would skip them)."""
-    from triton import knobs
-
-    return not (_hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook)
-                or knobs.runtime.debug)
+def _runtime_knobs_reason() -> str | None:
+    """Why not, when a launch hook is set or Triton's runtime debug is on: ``JITFunction.run``
+    reads both per call, which the cached launch skips. Per call on the fast path, so it
+    reads the ``triton.knobs.runtime`` object ``_triton_fast_reason`` kept (no import)."""
+    runtime = _KNOBS[0]
+    if _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook):
+        return "a Triton launch hook is set"
+    if runtime.debug:
+        return "Triton's runtime debug is on"
+    return None
 
 
 # None: the cached launch may run; else the reason it may not (re-checked at each jit launch).
 _TRITON_FAST: list = ["not checked yet"]
+# ``triton.knobs.runtime``, set by ``_triton_fast_reason`` before any fast launch can happen.
+_KNOBS: list = [None]

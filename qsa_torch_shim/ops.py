@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from qsa_jax._implementations import IMPLEMENTATIONS
 from qsa_jax.ops.sparse_attention import triton as _jax_triton_route
 from qsa_torch_shim import _call_cache, _checks, _direct, _eager, _jax_side, _warmup
 from qsa_torch_shim._warmup import _select_config, warmup_rows
@@ -39,7 +40,7 @@ __all__ = [
 # qsa_jax's choice) unless ``qsa_torch_shim.set_sparse_implementation`` or
 # QSA_SHIM_SPARSE_IMPLEMENTATION (read at import) says otherwise -- the way a vLLM that
 # calls the installed module without ``implementation=`` reaches "triton-torch".
-SPARSE_IMPLEMENTATIONS = ("pallas", "triton", "xla", _direct.NAME)
+SPARSE_IMPLEMENTATIONS = (*IMPLEMENTATIONS, _direct.NAME)
 
 
 def check_sparse_implementation(name, what: str = "implementation"):
