@@ -116,19 +116,39 @@ def _problem(rows, kv_dtype, launch=None, config=None, prefill=False):
 
 
 @pytest.mark.parametrize("rows", [1, 8, 512])
-def test_triton_merge_chunk_follows_the_shared_rule(rows):
-    """The jax-triton merge splits D only where the Pallas merge does (config.merge_block_d):
-    its fixed 64-wide chunks had made it 2.0-2.4x slower than D whole from 256 programs
-    (H200, fp8, TP4-TP1, session 8); above 256 pairs it runs 2 warps (measured there)."""
+def test_triton_merge_chunk_follows_the_shared_rule(rows, monkeypatch):
+    """On the library's measured table the jax-triton merge splits D only where the Pallas merge
+    does (config.merge_block_d): its fixed 64-wide chunks had made it 2.0-2.4x slower than D
+    whole from 256 programs (H200, fp8, TP4-TP1, session 8); above 256 pairs it runs 2 warps
+    (measured there). On any other tiling -- vLLM's tables, an explicit config -- it merges as
+    the originals do, D whole on 2 warps: the chunks sum the splits in another order (TP2 16
+    rows at 64 splits: 3.4e-4 from vLLM 0.30.0, over the fidelity bar; H200, session 12)."""
     import jax.numpy as jnp
 
     from qsa_jax import config
 
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
     p = _problem(rows, jnp.bfloat16)
+    assert config.measured_entry(p) is not None
     want = config.merge_block_d(rows * 24, 256)
     assert config.triton_launch(p).merge_block_d == config.pallas_launch(p).merge_block_d == want
     assert want == (64 if rows * 24 <= config.MERGE_SPLIT_D_MAX_PAIRS else 256)
     assert config.triton_launch(p).merge_warps == (2 if rows * 24 > config.MERGE_SPLIT_D_MAX_PAIRS else 4)
+    for cap, table in (((9, 0), "vllm-0.30"), ((9, 0), "vllm-0.34"), ((10, 0), None), ((9, 0), (32, 4, 65, 8))):
+        monkeypatch.setattr(config, "device_capability", lambda cap=cap: cap)
+        other = _problem(rows, jnp.bfloat16, config=table)
+        assert config.measured_entry(other) is None, (cap, table)
+        launch = config.triton_launch(other)
+        assert (launch.merge_block_d, launch.merge_warps) == (256, 2), (cap, table)
+        # ... and the tiling as given: no Hopper split tweak (tune_config_for_hopper) either.
+        assert config.triton_tiling(other) == other.config, (cap, table)
+    # On a Hopper, vLLM 0.30.0's 16-program tiling (64 splits of 65 tiles) launches as is.
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    tp2_like = _problem(8, jnp.bfloat16, config="vllm-0.30")
+    assert tp2_like.config[2:] == (65, 64) and config.triton_tiling(tp2_like).num_splits == 64
+    # A launch= override still wins.
+    forced = _problem(rows, jnp.bfloat16, config="vllm-0.30", launch=qsa_jax.TritonLaunch(merge_block_d=64))
+    assert config.triton_launch(forced).merge_block_d == 64
 
 
 def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):

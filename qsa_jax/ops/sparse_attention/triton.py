@@ -6,9 +6,9 @@ pair ``[NB, P, Hk, D]``; the wrapper only passes strides, never copies or
 transposes the cache. Same arithmetic as ``xla.py`` and the originals.
 
 Launch configuration: ``config.triton_tiling`` (``problem.config``, the
-originals' table or the caller's ``config=``; when the caller did not give one
-and the GPU is a Hopper, ``config.tune_config_for_hopper`` may change the split
-count of the smallest batches) and ``config.triton_launch`` for warps, stages,
+originals' table or the caller's ``config=``; on a Hopper GPU where the tiling came
+from the library's measured table, ``config.tune_config_for_hopper`` may change the
+split count of the smallest batches) and ``config.triton_launch`` for warps, stages,
 prefetch and the merge (``launch=TritonLaunch(...)`` overrides; see
 notes/triton.md for the numbers).
 
