@@ -18,10 +18,10 @@ from typing import Any
 import jax
 
 from bench import kernel_trace, timing
-from bench.records import AUTO, ORIGINALS, Case, CaseResult, Check, Rates, Timing, Workload
+from bench.records import AUTO, ORIGINALS, SHIMS, Case, CaseResult, Check, Rates, Timing, Workload
 
 # Implementations called with torch tensors (everything else is called through qsa_jax).
-TORCH_IMPLS = (*ORIGINALS, "shim", "shim-tt")
+TORCH_IMPLS = (*ORIGINALS, *SHIMS)
 # Implementations whose busy time a profiler trace takes (``--trace-rows``), and the runs
 # of the timed unit it traces.
 TRACED_IMPLS = (*ORIGINALS, "pallas", "triton", AUTO)

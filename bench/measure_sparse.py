@@ -16,7 +16,7 @@ import qsa_jax
 from bench import inputs as I
 from bench.measure import (TORCH_IMPLS, Context, Draft, JaxCalls, jax_measure, measure_impls, prepare_jax,
                            torch_measure)
-from bench.records import AUTO, ORIGINALS, Case, CaseResult, Check, Workload
+from bench.records import AUTO, ORIGINALS, SHIMS, Case, CaseResult, Check, Workload
 from bench.timing import eager_latency_once_each, sequential_calls
 from qsa_testing import agreement
 
@@ -191,7 +191,7 @@ def _measure_torch(ctx, case, draft, tt, flag):
     # calls whose q, gate and indices are tensor objects never seen before (the shim's
     # import cache misses on them). Small shapes only (the clones are made up front).
     count = ctx.eager_calls
-    if case.impl in ("shim", "shim-tt") and 2 * tt["q"].numel() * tt["q"].element_size() * count <= 2**30:
+    if case.impl in SHIMS and 2 * tt["q"].numel() * tt["q"].element_size() * count <= 2**30:
         fresh = [functools.partial(fn, tt["q"].clone(), tt["k"], tt["v"], tt["idx"][i % len(tt["idx"])].clone(),
                                    tt["bt"], tt["t2r"], flag, out, *tt["scales"], output_gate=tt["gate"].clone())
                  for i in range(count + 1)]

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.records import AUTO, Case
+from bench.records import AUTO, SHIMS, Case
 
 OPS = ("sparse_attention", "compress_groups_with_ratio", "store_cache_rows")
 OP_ALIASES = {"sparse": "sparse_attention", "attention": "sparse_attention",
               "compress": "compress_groups_with_ratio", "store": "store_cache_rows",
               **{op: op for op in OPS}}
-# "shim-tt": the shim with implementation="triton-torch" (the jax-triton kernels launched by
-# Triton on torch's stream; qsa_torch_shim/_direct.py), sparse attention only.
+# "shim": the shim as vLLM calls it (no implementation=: on CUDA tensors, its default route
+# "triton-torch" since session 12). The sparse attention only, with the route named:
+# "shim-tt" implementation="triton-torch" (the jax-triton kernels launched by Triton on torch's
+# stream; qsa_torch_shim/_direct.py), "shim-jax" implementation="jax" (the JAX route, DLPack).
 SHIM_TT = "shim-tt"
-SHIMS = ("shim", SHIM_TT)
+SHIM_JAX = "shim-jax"
+SHIM_ROUTES = {SHIM_TT: "triton-torch", SHIM_JAX: "jax"}
+assert SHIMS == ("shim", *SHIM_ROUTES)
 IMPLS = ("original", "original034", "xla", "pallas", "triton", AUTO, *SHIMS)
 # The vLLM release each torch-side original is loaded from.
 ORIGINAL_VERSIONS = {"original": "0.30.0", "original034": "0.34.0"}
@@ -137,21 +141,22 @@ class Backends:
                 import qsa_torch_shim
 
                 modules["shim"] = qsa_torch_shim
-                modules[SHIM_TT] = _TritonTorchShim(qsa_torch_shim)
+                for name, route in SHIM_ROUTES.items():
+                    modules[name] = RoutedShim(qsa_torch_shim, route)
             except Exception as exc:
                 why.update(dict.fromkeys(SHIMS, f"import qsa_torch_shim failed: {type(exc).__name__}: {exc}"))
         return cls(modules, why)
 
 
-class _TritonTorchShim:
-    """The shim's sparse attention with ``implementation="triton-torch"`` (what a vLLM user
-    passes to take that route), as a module-like object for the torch-side measurement."""
+class RoutedShim:
+    """The shim's sparse attention with ``implementation=route`` (what a user passes to take
+    that route), as a module-like object for the torch-side measurement."""
 
-    def __init__(self, shim):
-        self._shim = shim
+    def __init__(self, shim, route: str):
+        self._shim, self.route = shim, route
 
     def qsa_sparse_paged_attention(self, *args, **kwargs):
-        return self._shim.qsa_sparse_paged_attention(*args, implementation="triton-torch", **kwargs)
+        return self._shim.qsa_sparse_paged_attention(*args, implementation=self.route, **kwargs)
 
 
 def implementation_status(settings: Settings, backends: Backends) -> dict[str, dict[str, str]]:
@@ -178,7 +183,7 @@ def implementation_status(settings: Settings, backends: Backends) -> dict[str, d
             elif name in SHIMS:
                 why = None if hasattr(backends.modules[name], SHIM_FUNCS[op]) \
                     else f"qsa_torch_shim has no {SHIM_FUNCS[op]}" if name == "shim" \
-                    else "sparse attention only (triton-torch is that operator's route)"
+                    else f"sparse attention only (implementation={SHIM_ROUTES[name]!r} is that operator's route)"
             elif name in ORIGINAL_VERSIONS:
                 why = None
             elif name in avail:

@@ -23,6 +23,8 @@ from typing import Any
 # The torch-side originals (vLLM releases): every other implementation's ratios are taken
 # against them.
 ORIGINALS = ("original", "original034")
+# The shim as vLLM calls it, and its sparse attention with a route named (bench/plan.py).
+SHIMS = ("shim", "shim-tt", "shim-jax")
 SPARSE = "sparse_attention"
 # qsa_jax.sparse_attention(implementation=None): the library's own choice (jax-triton for an
 # fp8 cache at the measured Hopper table's one-warp entries up to 2048 programs, else Pallas).

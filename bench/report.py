@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from bench import summarize
 from bench.records import AUTO, CaseResult, RunResult, Timing, write_json
 
-IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim", "shim-tt")
+IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim", "shim-tt", "shim-jax")
 COLORS = {"original": "black", "original034": "tab:gray", "triton": "tab:blue", "pallas": "tab:orange", "xla": "tab:green",
-          AUTO: "tab:red", "shim": "tab:purple", "shim-tt": "tab:pink"}
+          AUTO: "tab:red", "shim": "tab:purple", "shim-tt": "tab:pink",
+          "shim-jax": "tab:olive"}
 
 
 def default_out_dir(repo: pathlib.Path, info: dict) -> pathlib.Path:
@@ -181,17 +182,19 @@ def busy_table(results: Sequence[CaseResult]) -> str:
 
 def eager_table(results: Sequence[CaseResult]) -> str:
     """original vs shim eager latency per sparse-attention case ('' when the run has no shim):
-    the shim's default (JAX) route and, where timed, its ``triton-torch`` route (shim-tt)."""
-    shims = ("shim", "shim-tt")
+    a pair of columns (objects seen before, new tensor objects) for each shim timed -- "shim"
+    (no implementation=: the default route), "shim-tt" (triton-torch), "shim-jax" (the JAX
+    route)."""
+    order = ("shim", "shim-tt", "shim-jax")
     by_case = _by_case(results, lambda r: (r.case.op == "sparse_attention"
-                                           and r.case.impl in ("original", "original034", *shims) and r.timing.eager_s))
-    rows = [(k, v) for k, v in by_case.items() if any(s in v for s in shims)]
+                                           and r.case.impl in ("original", "original034", *order) and r.timing.eager_s))
+    rows = [(k, v) for k, v in by_case.items() if any(s in v for s in order)]
     if not rows:
         return ""
+    shims = [s for s in order if any(s in v for _, v in rows)]
     # The original: 0.30.0's, or 0.34.0's where 0.30.0 has no path (fp8) or was not timed.
-    lines = ["| where | rows | prefill cfg | original µs | shim µs (seen) | × original | "
-             "shim µs (new tensors) | × original | triton-torch µs (seen) | × original | "
-             "triton-torch µs (new tensors) | × original |", "|" + "---|" * 12]
+    head = "".join(f" {s} µs (seen) | × original | {s} µs (new tensors) | × original |" for s in shims)
+    lines = ["| where | rows | prefill cfg | original µs |" + head, "|" + "---|" * (4 + 4 * len(shims))]
     for (_, geo, n, flag), v in rows:
         o = next((v[name].eager_s for name in ("original", "original034") if name in v), None)
         ratio = lambda x: f"{x / o:.2f}" if (o and x) else ""  # noqa: E731

@@ -59,10 +59,11 @@ def parse_args(argv=None):
     p.add_argument("--rows", help="sparse-attention rows, comma list (default 1,2,4..4096; CPU 1,4,16,64)")
     p.add_argument("--indexer-rows", help="compress/store rows, comma list (default 1,4,16,64,256,512,1024,4096,8192)")
     p.add_argument("--ring", help="indexer ring sizes, comma list (default 4,8)")
-    p.add_argument("--impl", help="comma list of original,original034,triton,pallas,xla,auto,shim,shim-tt "
-                                  "(default: all that can run; on CPU: xla only, name pallas to time its "
-                                  "interpreter; auto: implementation=None, the library's choice; shim-tt: the "
-                                  "shim's implementation='triton-torch', sparse attention only)")
+    p.add_argument("--impl", help="comma list of original,original034,triton,pallas,xla,auto,shim,shim-tt,"
+                                  "shim-jax (default: all that can run; on CPU: xla only, name pallas to time "
+                                  "its interpreter; auto: implementation=None, the library's choice; shim: the "
+                                  "shim as vLLM calls it (its default route); shim-tt / shim-jax: the shim's "
+                                  "implementation='triton-torch' / 'jax', sparse attention only)")
     p.add_argument("--kv-dtype", help="comma list of K/V cache dtypes: bf16, fp8 (e4m3, k_scale 0.5, v_scale 2; "
                                       "vLLM 0.34's path, which 0.30.0 lacks). Default bf16,fp8 on a GPU, bf16 on CPU")
     p.add_argument("--n-calls", type=int, help="N: calls per timed unit, each with a fresh input set (default 20; CPU 4)")

@@ -18,8 +18,13 @@ vLLM's surface. See notes/shim.md. Layout: ``ops`` (public functions), ``_checks
 (conversion, streams, in-place writes), ``_jax_side`` (the jitted calls), ``_interop`` (DLPack rules), ``_private_api``
 (every private JAX/torch call), ``_torch_ops`` (torch.compile), ``_warmup``.
 
-JAX's kernels cannot be captured in a torch CUDA graph: run these ops eagerly
-or under torch.compile without CUDA graphs.
+The sparse attention on CUDA tensors runs, by default, qsa_jax's Triton kernels launched
+by Triton on torch's current stream ("triton-torch", ``_direct``): no JAX dispatch, and a
+torch CUDA graph can capture it once each call signature has run once outside the capture
+(as vLLM's warmup does). Everything else -- the other two ops, the sparse attention with
+``implementation="jax"``/"pallas"/"triton"/"xla", layouts the direct launch cannot read --
+runs JAX's executables on JAX's stream, which a torch CUDA graph cannot capture: run those
+eagerly or under torch.compile without CUDA graphs.
 """
 
 from qsa_torch_shim import _env  # noqa: F401  (must run before jax initialises)
@@ -99,17 +104,19 @@ def set_out_copy_max_bytes(limit: int) -> None:
 def set_sparse_implementation(name: str | None) -> None:
     """The sparse attention's implementation for calls that name none, from the next call on.
 
-    None (the default, also when ``QSA_SHIM_SPARSE_IMPLEMENTATION`` is unset): the JAX route
-    with qsa_jax's own choice. "triton-torch": qsa_jax's jax-triton kernels launched by Triton
-    on torch's stream (``_direct``; CUDA tensors; on the H200 0.46-1.17x the originals' eager
-    call against 0.93-4.15x for the JAX route, bench/results/nvidia-h200_2026-12-04/session11/)
-    -- how vLLM, which calls the installed module without ``implementation=``, reaches it.
-    "pallas", "triton", "xla": that implementation through JAX. A call's own
-    ``implementation=`` still wins.
+    None (the default, also when ``QSA_SHIM_SPARSE_IMPLEMENTATION`` is unset): per device
+    (``_eager.default_route``), "triton-torch" for CUDA tensors where Triton can launch it, else
+    "jax". "triton-torch": qsa_jax's jax-triton kernels launched by Triton on torch's stream
+    (``_direct``; CUDA tensors; on the H200 0.46-1.17x the originals' eager call against
+    0.93-4.15x for the JAX route, bench/results/nvidia-h200_2026-12-04/session11/; capturable
+    in a torch CUDA graph). "jax": the JAX route with qsa_jax's own choice of implementation;
+    "pallas", "triton", "xla": that implementation through JAX. vLLM calls the installed module
+    without ``implementation=``, so this (or the variable) is how it picks a route; a call's
+    own ``implementation=`` still wins.
     """
-    from qsa_torch_shim import ops
+    from qsa_torch_shim import _eager
 
-    ops.SPARSE_IMPLEMENTATION[0] = ops.check_sparse_implementation(name, "name")
+    _eager.SPARSE_IMPLEMENTATION[0] = _eager.check_sparse_implementation(name, "name")
 
 
 def set_tiling_table(table: str | None) -> None:

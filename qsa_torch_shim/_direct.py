@@ -11,8 +11,8 @@ Conversion and launch only: the problem (checks, tiling, launch knobs) is qsa_ja
 ``score_scale``; both are cached per call signature. Layouts it takes: q compact or a
 strided view on D-wide rows (vLLM's q), the fused cache's views or two compact caches,
 compact int32 metadata and gate; a non-compact ``out`` gets the result by a torch copy
-(``ShimCopyWarning``). Anything else goes to the JAX route (``None`` from ``sparse``), which
-handles every layout. The launches go to ``q``'s device and its current stream. The tiling
+(``ShimCopyWarning``). Anything else goes to the JAX route (``None`` from ``sparse``; see
+``_eager.sparse_paged_attention_impl``), which handles every layout. The launches go to ``q``'s device and its current stream. The tiling
 is chosen as qsa_jax chooses it for JAX's default device (``config``), which is the torch
 tensors' device in a one-GPU process, except that a bf16 cache on the default table takes
 vLLM 0.30.0's (``BF16_DEFAULT_TABLE``). From the second call of a signature the kernels are
@@ -153,8 +153,15 @@ def _scale_pair(head_dim: int, scales, device: torch.device) -> torch.Tensor:
     key = (head_dim, scales, device)
     found = _SCALES.get(key)
     if found is None:
-        found = _SCALES[key] = torch.tensor([score_scale(head_dim, scales[0]), scales[1]],
-                                            dtype=torch.float32, device=device)
+        values = (score_scale(head_dim, scales[0]), scales[1])
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A host-to-device copy cannot be captured in a CUDA graph; two fills can (they
+            # run again at each replay). Not cached: the fills only run when the graph does.
+            pair = torch.empty((2,), dtype=torch.float32, device=device)
+            pair[:1].fill_(values[0])
+            pair[1:].fill_(values[1])
+            return pair
+        found = _SCALES[key] = torch.tensor(values, dtype=torch.float32, device=device)
     return found
 
 

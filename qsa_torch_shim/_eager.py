@@ -13,10 +13,57 @@ import threading
 
 import torch
 
+from qsa_jax._implementations import IMPLEMENTATIONS
+from qsa_jax.ops.sparse_attention import triton as _jax_triton_route
+from qsa_torch_shim import _direct
 from qsa_torch_shim import _ffi_fence as F
 from qsa_torch_shim import _interop as I
 from qsa_torch_shim import _jax_side as J
 from qsa_torch_shim import _private_api as P
+
+
+# --- Which route a sparse call takes -------------------------------------------------------
+# The names a call (or the process default) may give: qsa_jax's implementations through JAX,
+# "triton-torch" (``_direct``) and "jax" (the JAX route with qsa_jax's own choice).
+JAX_ROUTE = "jax"
+SPARSE_IMPLEMENTATIONS = (*IMPLEMENTATIONS, _direct.NAME, JAX_ROUTE)
+
+
+def check_sparse_implementation(name, what: str = "implementation"):
+    if name is not None and name not in SPARSE_IMPLEMENTATIONS:
+        raise ValueError(f"{what} must be None or one of {SPARSE_IMPLEMENTATIONS}; got {name!r}")
+    return name
+
+
+# The process default for calls that name none (``qsa_torch_shim.set_sparse_implementation``;
+# QSA_SHIM_SPARSE_IMPLEMENTATION, read at import): None = ``default_route``'s choice per device.
+SPARSE_IMPLEMENTATION = [check_sparse_implementation(
+    os.environ.get("QSA_SHIM_SPARSE_IMPLEMENTATION", "").strip() or None, "QSA_SHIM_SPARSE_IMPLEMENTATION")]
+
+_DEFAULT_ROUTES: dict = {}
+
+
+def default_route(device: torch.device) -> str:
+    """The route of a call that names no implementation, with no process default, on
+    ``device``'s tensors: "triton-torch" on CUDA where Triton can launch its kernels -- less
+    host cost per call (H200, session 11: 0.46-1.17x the originals' eager call against
+    0.93-4.15x for the JAX route, bench/results/nvidia-h200_2026-12-04/session11/) and a
+    launch on torch's stream, which a torch CUDA graph can capture (JAX's cannot) --, else
+    "jax". Decided once per device."""
+    found = _DEFAULT_ROUTES.get(device)
+    if found is None:
+        direct = device.type == "cuda" and _direct.why_not(device) is None
+        found = _DEFAULT_ROUTES[device] = _direct.NAME if direct else JAX_ROUTE
+    return found
+
+
+def sparse_route(implementation, device: torch.device):
+    """What ``sparse_paged_attention_impl`` takes for a call's ``implementation``: the call's
+    own name, else the process default, else ``default_route``'s; "jax" becomes None (qsa_jax's
+    choice)."""
+    if implementation is None:
+        implementation = SPARSE_IMPLEMENTATION[0] or default_route(device)
+    return None if implementation == JAX_ROUTE else implementation
 
 
 def _dispatch(ffi: bool, device: torch.device, call, *args, **kwargs):
@@ -161,14 +208,15 @@ def sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_re
         (6,) if gate_how == "owned" else ())
 
 
-def sparse_run(args, q, use_prefill_config, out, implementation=None):
+def sparse_run(args, q, use_prefill_config, out, implementation=None, table=None):
     """The sparse call on ``sparse_inputs``' arguments. The stream order comes from one
     fresh import per call (the donated ``out``, or the fence: see
-    ``_interop.PersistentImports``), or from the FFI wait inside the jitted call."""
+    ``_interop.PersistentImports``), or from the FFI wait inside the jitted call.
+    ``table``: the tiling table (None: the shim's, ``set_tiling_table``)."""
     device = q.device
     ffi = F.active(device)
     static = dict(use_prefill_config=bool(use_prefill_config), implementation=implementation,
-                  table=J.TILING_TABLE[0], ffi_fence=ffi)
+                  table=J.TILING_TABLE[0] if table is None else table, ffi_fence=ffi)
     if out is not None and I.is_importable(out):
         signal = F.signals(device)
         # The FFI signal replaces the export only for a donated ``out``: keep that route.
@@ -202,13 +250,25 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
                                 use_prefill_config, out, output_gate, implementation=None,
                                 scales=None):
     """The eager sparse attention; ``scales``: (k_scale, v_scale) floats for an fp8
-    cache (validated), None for bf16."""
+    cache (validated), None for bf16. ``implementation="triton-torch"``: the kernels
+    launched by Triton on these tensors (``_direct``); layouts they cannot read as they lie
+    take the same kernels through JAX ("triton", at the tiling table the direct launch
+    uses, so both round alike), or qsa_jax's own choice where jax-triton is not installed."""
+    table = None
+    if implementation == _direct.NAME:
+        result = _direct.sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                                use_prefill_config, out, output_gate, scales, J.TILING_TABLE[0])
+        if result is not None:
+            return result
+        implementation = "triton" if _jax_triton_route.why_not() is None else None
+        if implementation is not None:
+            table = _direct.effective_table(J.TILING_TABLE[0], k_cache.dtype)
     gate = output_gate.view_as(q)
     if not q.shape[0]:
         return torch.empty_like(q) if out is None else out
     args, _ = sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_req, gate,
                             scales)
-    return sparse_run(args, q, use_prefill_config, out, implementation)
+    return sparse_run(args, q, use_prefill_config, out, implementation, table)
 
 
 def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> None:

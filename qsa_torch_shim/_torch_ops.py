@@ -5,11 +5,12 @@ traces (``torch.compiler.is_compiling()``); eager calls skip the dispatcher.
 Each op has a fake (meta) implementation for tracing. The ops' bodies are the
 eager path (``_eager``); this module never imports ``ops`` (no import cycle).
 
-JAX launches its own executables on its own stream: they cannot be captured in
-a torch CUDA graph (``torch.cuda.graph``). Compile without CUDA graphs
-(``mode="default"`` or ``"max-autotune-no-cudagraphs"``; the ops are not
-marked cudagraph-safe, so inductor's cudagraph trees skip graphs containing
-them), and do not call the shim inside vLLM's CUDA-graph capture.
+With ``implementation="triton-torch"`` (the sparse attention's default on CUDA) the op's
+body launches the Triton kernels on torch's stream (``_eager`` hands it to ``_direct``).
+Every other route launches JAX's executables on JAX's stream: those cannot be captured in
+a torch CUDA graph (``torch.cuda.graph``). The ops are not marked cudagraph-safe, so
+inductor's cudagraph trees skip graphs containing them; compile with ``mode="default"`` or
+``"max-autotune-no-cudagraphs"``.
 """
 
 from __future__ import annotations

@@ -89,6 +89,7 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
                        for r in range(1, 8193) for flag in (False, True)})
     if rows is None:
         rows = warmup_rows(num_kv_heads, selection_width, is_fp8=scales is not None)
+    implementation = _eager.sparse_route(implementation, dev)
     for r in rows:
         q = torch.zeros((r, num_query_heads, head_dim), dtype=torch.bfloat16, device=dev)
         indices = torch.full((r, selection_width + 1), -1, dtype=torch.int32, device=dev)

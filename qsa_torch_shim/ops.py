@@ -5,7 +5,8 @@ originals (which accept every 0.30.0 call too); the computation runs in qsa_jax.
 The only addition is a keyword-only ``implementation=`` ("triton", "pallas",
 "xla" or None: qsa_jax's default for the backend; for the sparse attention also
 "triton-torch": the jax-triton kernels launched by Triton on torch's stream,
-``_direct``). ``vllm_0_30`` is the same module with 0.30.0's signatures, for
+``_direct``, the default for CUDA tensors (``_eager.default_route``), and "jax": the JAX route
+with qsa_jax's choice). ``vllm_0_30`` is the same module with 0.30.0's signatures, for
 ``install()`` beside a vLLM of that line.
 
 Each public function checks its arguments (``_checks``) and then runs the eager
@@ -15,13 +16,9 @@ it (``_torch_ops``, registered on first use).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from qsa_jax._implementations import IMPLEMENTATIONS
-from qsa_jax.ops.sparse_attention import triton as _jax_triton_route
-from qsa_torch_shim import _call_cache, _checks, _direct, _eager, _jax_side, _warmup
+from qsa_torch_shim import _call_cache, _checks, _direct, _eager, _warmup
 from qsa_torch_shim._warmup import _select_config, warmup_rows
 
 # Internal names kept for tools/profile_shim.py, which times these pieces one by one.
@@ -34,23 +31,6 @@ __all__ = [
     "qsa_store_cache_rows",
     "warmup_qsa_sparse_paged_attention",
 ]
-
-
-# The sparse attention's implementation when a call names none: None (the JAX route with
-# qsa_jax's choice) unless ``qsa_torch_shim.set_sparse_implementation`` or
-# QSA_SHIM_SPARSE_IMPLEMENTATION (read at import) says otherwise -- the way a vLLM that
-# calls the installed module without ``implementation=`` reaches "triton-torch".
-SPARSE_IMPLEMENTATIONS = (*IMPLEMENTATIONS, _direct.NAME)
-
-
-def check_sparse_implementation(name, what: str = "implementation"):
-    if name is not None and name not in SPARSE_IMPLEMENTATIONS:
-        raise ValueError(f"{what} must be None or one of {SPARSE_IMPLEMENTATIONS}; got {name!r}")
-    return name
-
-
-SPARSE_IMPLEMENTATION = [check_sparse_implementation(
-    os.environ.get("QSA_SHIM_SPARSE_IMPLEMENTATION", "").strip() or None, "QSA_SHIM_SPARSE_IMPLEMENTATION")]
 
 
 def _traced_ops():
@@ -81,12 +61,15 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
     """The originals' checks of ``surface``, then the call. An eager call whose arguments
     are the memory views and tensor objects of an earlier call skips both the checks
     and the import lookups (``_call_cache``: one key, one dict lookup). A call that names
-    no implementation takes ``SPARSE_IMPLEMENTATION`` (``set_sparse_implementation``)."""
-    if implementation is None:
-        implementation = SPARSE_IMPLEMENTATION[0]
+    no implementation takes the process default (``set_sparse_implementation``), else
+    ``_eager.default_route``'s (``_eager.sparse_route``)."""
+    implementation = _eager.sparse_route(implementation, q.device)
     if implementation == _direct.NAME:
-        return _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                               use_prefill_config, out, output_gate, k_scale, v_scale, surface)
+        scales = _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table,
+                                      token_to_req, out, output_gate, k_scale, v_scale, surface=surface)
+        # Eager: launched here (_eager); under torch.compile: from the custom op's body.
+        return sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
+                                      use_prefill_config, out, output_gate, implementation, scales)
     if torch.compiler.is_compiling():
         key = None
     else:
@@ -109,25 +92,6 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
     if checked is not None:
         _call_cache.SPARSE_CALLS.put(key, tensors, checked, scales, args)
     return _eager.sparse_run(args, q, use_prefill_config, out, implementation)
-
-
-def _checked_direct(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                    use_prefill_config, out, output_gate, k_scale, v_scale, surface):
-    """``implementation="triton-torch"`` (``_direct``): the originals' checks, then the
-    jax-triton kernels launched by Triton on torch's stream; layouts they cannot read as
-    they lie, and torch.compile, take the same kernels through JAX (``"triton"``; qsa_jax's
-    default where jax-triton is not installed)."""
-    scales = _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table,
-                                  token_to_req, out, output_gate, k_scale, v_scale, surface=surface)
-    if not torch.compiler.is_compiling():
-        result = _direct.sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                                use_prefill_config, out, output_gate, scales, _jax_side.TILING_TABLE[0])
-        if result is not None:
-            return result
-    # The same kernels through JAX where jax-triton runs; else qsa_jax's own choice.
-    fallback = "triton" if _jax_triton_route.why_not() is None else None
-    return sparse_paged_attention(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                                  use_prefill_config, out, output_gate, fallback, scales)
 
 
 def qsa_sparse_paged_attention(

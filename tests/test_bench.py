@@ -462,28 +462,32 @@ def test_shim_triton_torch_column(monkeypatch):
 
         qsa_compress_groups_with_ratio = qsa_store_cache_rows = qsa_sparse_paged_attention
 
-    tt = plan._TritonTorchShim(FakeShim())
+    tt, via_jax = plan.RoutedShim(FakeShim(), "triton-torch"), plan.RoutedShim(FakeShim(), "jax")
     assert tt.qsa_sparse_paged_attention(1, 2, output_gate=3) == "out"
-    assert calls == [dict(output_gate=3, implementation="triton-torch")]
+    via_jax.qsa_sparse_paged_attention(1, output_gate=4)
+    assert calls == [dict(output_gate=3, implementation="triton-torch"), dict(output_gate=4, implementation="jax")]
     assert not hasattr(tt, "qsa_store_cache_rows")
     s = plan.Settings.from_args(__import__("bench.run", fromlist=["parse_args"]).parse_args(
-        ["--impl", "shim,shim-tt", "--op", "sparse,store"]), gpu=True)
-    backends = plan.Backends({"shim": FakeShim(), "shim-tt": tt}, {})
+        ["--impl", "shim,shim-tt,shim-jax", "--op", "sparse,store"]), gpu=True)
+    backends = plan.Backends({"shim": FakeShim(), "shim-tt": tt, "shim-jax": via_jax}, {})
     status = plan.implementation_status(s, backends)
-    assert status["sparse_attention"]["shim-tt"] == "available"
+    assert status["sparse_attention"]["shim-tt"] == status["sparse_attention"]["shim-jax"] == "available"
     assert status["store_cache_rows"]["shim-tt"].startswith("unavailable: sparse attention only")
+    assert "implementation='jax'" in status["store_cache_rows"]["shim-jax"]
     assert status["store_cache_rows"]["shim"] == "available"
     cpu = plan.Backends.load(plan.Settings.from_args(
         __import__("bench.run", fromlist=["parse_args"]).parse_args([]), gpu=False), (False, "no CUDA"))
-    assert "shim-tt" in cpu.why_not and "CPU mode" in cpu.why_not["shim-tt"]
+    assert all(name in cpu.why_not and "CPU mode" in cpu.why_not[name] for name in ("shim-tt", "shim-jax"))
 
     res = [_result(impl, eager_s=e) for impl, e in (("original", 100e-6), ("shim", 200e-6), ("shim-tt", 80e-6))]
     assert all(isinstance(r, CaseResult) for r in res)
-    row = report.eager_table(res).splitlines()[-1]
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    # where, rows, prefill, original, shim, x, shim new, x, triton-torch, x, triton-torch new, x
-    assert cells[3:6] == ["100.0", "200.0", "2.00"] and cells[8:10] == ["80.0", "0.80"], row
+    table = report.eager_table(res).splitlines()
+    assert "shim-tt µs (seen)" in table[0] and "shim-jax" not in table[0]  # columns: the shims timed
+    cells = [c.strip() for c in table[-1].strip("|").split("|")]
+    # where, rows, prefill, original, shim, x, shim new, x, shim-tt, x, shim-tt new, x
+    assert cells[3:6] == ["100.0", "200.0", "2.00"] and cells[8:10] == ["80.0", "0.80"], table
     # fp8 (no 0.30.0 path): against 0.34.0
-    res = [_result(impl, eager_s=e) for impl, e in (("original034", 50e-6), ("shim-tt", 40e-6))]
-    cells = [c.strip() for c in report.eager_table(res).splitlines()[-1].strip("|").split("|")]
-    assert cells[3] == "50.0" and cells[8:10] == ["40.0", "0.80"], cells
+    res = [_result(impl, eager_s=e) for impl, e in (("original034", 50e-6), ("shim-jax", 40e-6))]
+    table = report.eager_table(res).splitlines()
+    cells = [c.strip() for c in table[-1].strip("|").split("|")]
+    assert "shim-jax µs (seen)" in table[0] and cells[3] == "50.0" and cells[4:6] == ["40.0", "0.80"], cells

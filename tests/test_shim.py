@@ -609,6 +609,16 @@ def test_measure_eager_latency_smoke():
 
 # ============================================================================ GPU
 
+
+@pytest.fixture(autouse=True)
+def _jax_route(monkeypatch):
+    """This module tests the JAX route (DLPack imports, stream fences, ``out`` routes): calls
+    that name no implementation take it here. The default route on CUDA tensors (triton-torch)
+    is tested in test_shim_direct.py, and against the originals below (``route``)."""
+    from qsa_torch_shim import _eager
+
+    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", ["jax"])
+
 CONTEXT = 65536
 POOL_PAGES = {"TP1": 300, "TP2": 500, "TP4": 1000}  # about 1 GB of cache each
 
@@ -639,8 +649,13 @@ def gpu_pool(request):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("route", ["jax", None])  # None: the default on CUDA, triton-torch
 @pytest.mark.parametrize("rows", [1, 16, 64, 512, 2049])
-def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows, tiling_030):
+def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows, tiling_030, route, monkeypatch):
+    from qsa_torch_shim import _eager
+
+    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [route])
+    assert _eager.sparse_route(None, torch.device("cuda")) == (None if route else "triton-torch")
     g, kv = gpu_pool
     a, gate = _gpu_case(g, rows, rows + g.num_query_heads, kv)
     flags = (False, True) if rows * g.num_kv_heads > 2048 else (False,)

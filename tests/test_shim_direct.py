@@ -42,15 +42,15 @@ def test_triton_torch_needs_cuda_tensors_outside_the_interpreter(monkeypatch):
 
 def test_process_default_implementation(monkeypatch):
     """``set_sparse_implementation`` sets the implementation of calls that name none (how an
-    installed shim under vLLM reaches triton-torch); a call's own ``implementation=`` wins;
-    bad names raise, naming the argument or the variable."""
+    installed shim under vLLM picks a route); a call's own ``implementation=`` wins; "jax" is
+    the JAX route with qsa_jax's choice; bad names raise, naming the argument or the variable."""
     import qsa_torch_shim as S
     from qsa_testing import cases as C
     from qsa_testing.torch_interop import kv_views, to_torch
-    from qsa_torch_shim import ops
+    from qsa_torch_shim import _direct, _eager
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(ops, "SPARSE_IMPLEMENTATION", [None])
+    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [None])
     rng = np.random.default_rng(2)
     case = C.sparse_attention_case(rng, name="cpu", rows=3, num_query_heads=4, num_kv_heads=2, head_dim=16,
                                    page_size=8, selection_blocks=4, context_tokens=32, num_requests=2)
@@ -58,24 +58,56 @@ def test_process_default_implementation(monkeypatch):
     k, v = kv_views(t(case.kv_cache), 16)
     args = (t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req), False)
     gate = t(case.output_gate)
-    want = S.qsa_sparse_paged_attention(*args, output_gate=gate)  # the JAX route (xla on CPU)
+    routes = vars(_direct.ROUTES).copy()
+    want = S.qsa_sparse_paged_attention(*args, output_gate=gate)  # CPU tensors: the JAX route (xla)
+    assert torch_equal(S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="jax"), want)
+    assert vars(_direct.ROUTES) == routes  # neither went near the direct launch
     S.set_sparse_implementation("triton-torch")
     with pytest.raises(NotImplementedError, match="triton-torch.*needs CUDA tensors"):
         S.qsa_sparse_paged_attention(*args, output_gate=gate)  # the default now names triton-torch
     got = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="xla")
     assert torch_equal(got, want)
+    S.set_sparse_implementation("jax")
+    assert torch_equal(S.qsa_sparse_paged_attention(*args, output_gate=gate), want)
     S.set_sparse_implementation(None)
     assert torch_equal(S.qsa_sparse_paged_attention(*args, output_gate=gate), want)
     with pytest.raises(ValueError, match="name must be None or one of"):
         S.set_sparse_implementation("cuda")
-    for value, ok in (("triton-torch", True), ("fast", False)):
-        done = subprocess.run([sys.executable, "-c", "import qsa_torch_shim.ops as o; print(o.SPARSE_IMPLEMENTATION)"],
+    with pytest.raises(ValueError, match="implementation must be None or one of"):
+        _eager.check_sparse_implementation("jax-triton")
+    for value, ok in (("triton-torch", True), ("jax", True), ("fast", False)):
+        done = subprocess.run([sys.executable, "-c", "import qsa_torch_shim._eager as e; print(e.SPARSE_IMPLEMENTATION)"],
                               cwd=REPO, capture_output=True, text=True, timeout=300,
                               env={**os.environ, "QSA_SHIM_SPARSE_IMPLEMENTATION": value, "JAX_PLATFORMS": "cpu"})
         if ok:
-            assert done.returncode == 0 and "['triton-torch']" in done.stdout, done.stderr[-2000:]
+            assert done.returncode == 0 and f"['{value}']" in done.stdout, done.stderr[-2000:]
         else:
             assert done.returncode != 0 and "QSA_SHIM_SPARSE_IMPLEMENTATION must be None or one of" in done.stderr
+
+
+def test_default_route_per_device(monkeypatch):
+    """With no process default: CUDA tensors take triton-torch where Triton can launch it,
+    everything else (CPU tensors, or no usable Triton) the JAX route; an explicit name or the
+    process default always wins, and "jax" hands qsa_jax None (its own choice)."""
+    import torch
+
+    from qsa_torch_shim import _direct, _eager
+
+    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [None])
+    monkeypatch.setattr(_eager, "_DEFAULT_ROUTES", {})
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert _direct.why_not(cuda) is None, "triton must be importable in the test environment"
+    assert _eager.default_route(cuda) == "triton-torch" and _eager.default_route(cpu) == "jax"
+    assert _eager.sparse_route(None, cuda) == "triton-torch" and _eager.sparse_route(None, cpu) is None
+    for name in ("pallas", "triton", "xla", "triton-torch"):
+        assert _eager.sparse_route(name, cuda) == name == _eager.sparse_route(name, cpu)
+    assert _eager.sparse_route("jax", cuda) is None
+    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", ["jax"])
+    assert _eager.sparse_route(None, cuda) is None
+    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [None])
+    monkeypatch.setattr(_eager, "_DEFAULT_ROUTES", {})
+    monkeypatch.setattr(_direct, "why_not", lambda device: "no triton here")
+    assert _eager.default_route(cuda) == "jax"
 
 
 def torch_equal(a, b):
@@ -263,6 +295,57 @@ def test_gpu_triton_torch_cached_launch(kv_dtype):
     assert gone() is None, "the cached launch holds a tensor of the call that compiled it"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
+@pytest.mark.parametrize("rows", [4, 512])
+def test_gpu_default_route_is_direct_and_captures_in_a_cuda_graph(rows, kv_dtype, monkeypatch):
+    """A call that names no implementation on CUDA tensors launches directly (triton-torch),
+    and a torch CUDA graph captures it: replayed on new q, gate, selections (and, for fp8,
+    scales first seen inside the capture, whose pair is filled by the graph), every replay
+    equals the eager call on the same inputs bit for bit. A splitting tiling (4 rows) and
+    a one-split one (512) both run."""
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    import qsa_torch_shim as S
+    from qsa_torch_shim import _direct, _eager
+
+    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [None])
+    args, gate, scales = _gpu_call(rows, kv_dtype, seed=40 + rows)
+    q, k, v, indices, table, requests, _ = args
+    captured_scales = dict(k_scale=0.375, v_scale=3.0) if scales else {}
+    key = (q.shape[-1], (0.375, 3.0), q.device)
+    _direct._SCALES.pop(key, None)  # first seen inside the capture
+
+    def call(out, **kw):
+        return S.qsa_sparse_paged_attention(q, k, v, indices, table, requests, False, out, output_gate=gate, **kw)
+
+    out = torch.full_like(q, float("nan"))
+    before = _direct.ROUTES.direct
+    for _ in range(2):  # the signature's plan, the compile, then the cached launch (outside the capture)
+        call(out, **scales)
+    torch.cuda.synchronize()
+    assert _direct.ROUTES.direct == before + 2, "a call naming no implementation did not launch directly"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(out, **captured_scales)
+    assert key not in _direct._SCALES or not scales  # the captured fills are not cached
+    rng = np.random.default_rng(rows)
+    fresh_inputs = [_gpu_call(rows, kv_dtype, seed=int(rng.integers(1 << 30))) for _ in range(2)]
+    for fresh_args, fresh_gate, _ in fresh_inputs:
+        for dst, src in ((q, fresh_args[0]), (indices, fresh_args[3]), (gate, fresh_gate)):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        graph.replay()
+        replayed = out.clone()
+        want = call(torch.full_like(q, float("nan")), implementation="triton-torch", **captured_scales)
+        torch.cuda.synchronize()
+        assert torch.isfinite(replayed).all()
+        assert torch.equal(replayed.view(torch.int16), want.view(torch.int16))
+
+
 def test_triton_torch_bf16_takes_the_030_table_by_default():
     """A bf16 cache on the shim's default table launches vLLM 0.30.0's tiling (the library's
     H200 bf16 table is the Pallas kernel's); fp8 keeps the library's; a table the user set
@@ -407,6 +490,20 @@ def interpret_main() -> int:
         assert_fidelity(to_numpy(got), to_numpy(want), what=f"mixed buffers, {route}")
         moved = (_direct.ROUTES.direct - before[0], _direct.ROUTES.fallback - before[1])
         assert moved == ((1, 0) if route == "direct" else (0, 1)), (route, moved)
+    # torch.compile: the custom op's body launches the kernels directly too (the fake tensor
+    # traced, the real call at run time), with the same bits as the eager call.
+    S.register_torch_ops()
+
+    def doubled(*a):
+        return S.qsa_sparse_paged_attention(*a[:-1], False, output_gate=a[-1], implementation="triton-torch") * 2
+
+    tensors = (args[0], k_a, v_a, *meta[:3], gate)
+    compiled = torch.compile(doubled, backend="aot_eager", fullgraph=True)
+    want = doubled(*tensors)
+    before = _direct.ROUTES.direct
+    got = compiled(*tensors)
+    assert _direct.ROUTES.direct == before + 1, "the compiled call did not launch directly"
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     print("DIRECT OK")
     return 0
 

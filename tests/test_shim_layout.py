@@ -183,7 +183,8 @@ def test_gpu_fast_import_route_runs():
     P.PATHS.reset()
     out = torch.empty_like(t(g.q))
     S.qsa_sparse_paged_attention(t(g.q), k, v, t(g.logical_indices), t(g.block_table),
-                                 t(g.token_to_req), False, out, output_gate=t(g.output_gate))
+                                 t(g.token_to_req), False, out, output_gate=t(g.output_gate),
+                                 implementation="jax")  # the route that imports (CUDA's default launches directly)
     torch.cuda.synchronize()
     assert P.PATHS.fast >= 6 and P.PATHS.public == 0, P.PATHS.last_reason
     assert np.isfinite(to_numpy(out).astype(np.float32)).all()

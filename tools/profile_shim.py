@@ -13,7 +13,9 @@ shim's, with ``out=`` on the default route and on each forced route (copy: plain
 torch copy; donate: ``out`` donated to the call; notes/shim.md, Session 7), and without
 ``out``; the ratio shim / original for each, and the worst over the grid. The
 ``triton-torch`` columns (session 9): ``implementation="triton-torch"``, qsa_jax's jax-triton
-kernels launched by Triton on torch's stream (``qsa_torch_shim/_direct.py``).
+kernels launched by Triton on torch's stream (``qsa_torch_shim/_direct.py``); "shim default
+route": no ``implementation=``, as vLLM calls it (triton-torch on CUDA since session 12). Every
+other shim column names ``implementation="jax"``, the JAX route whose pieces it times.
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def _new_root(t: torch.Tensor) -> torch.Tensor:
         t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
-def grid(tp: str, row_counts: list[int]) -> None:
-    """Eager (call + sync) of the originals against the shim's routes, per row count."""
+def grid(tp: str, row_counts: list[int], only: list[str] | None = None) -> None:
+    """Eager (call + sync) of the originals against the shim's routes, per row count;
+    ``only``: these columns (and the ones they are compared with)."""
     from qsa_torch_shim import _eager as E
 
     g = arg_specs.GEOMETRIES[tp]
@@ -102,12 +105,20 @@ def grid(tp: str, row_counts: list[int]) -> None:
         orig = None
     kv = None
     default_limit = E.OUT_COPY_MAX_BYTES[0]
+    jax = dict(implementation="jax")  # the "shim out=" / "no out" / fence columns: the JAX route
     # (column, the column it is compared with)
     cols = [("original", None)] + [(f"shim out= {name}", "original") for name, _ in ROUTES] + [
         ("shim no out", "original"), ("original new q+gate", None),
         ("shim out= default new q+gate", "original new q+gate")] + [
         (f"shim out= default {fence} fence", "original") for fence in F.MODES if fence != "import"] + [
-        ("shim triton-torch", "original"), ("shim triton-torch new q+gate", "original new q+gate")]
+        ("shim triton-torch", "original"), ("shim triton-torch new q+gate", "original new q+gate"),
+        ("shim default route", "original")]
+    if only:
+        unknown = set(only) - {c for c, _ in cols}
+        if unknown:
+            raise SystemExit(f"--columns: unknown {sorted(unknown)}; known: {[c for c, _ in cols]}")
+        keep = set(only) | {base for c, base in cols if c in only and base}
+        cols = [(c, base) for c, base in cols if c in keep]
     print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); x = shim / original; "
           f"default out= route: copy up to {default_limit} bytes, else donate; 'new q+gate': "
           "q and the gate are new tensor objects each call (vLLM's activations), both sides")
@@ -122,24 +133,26 @@ def grid(tp: str, row_counts: list[int]) -> None:
         n = 300 if rows <= 64 else 40
         calls = {
             "original": lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate),
-            "shim no out": lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate),
+            "shim no out": lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate, **jax),
             "original new q+gate": lambda: orig.qsa_sparse_paged_attention(
                 _new_root(q), *rest, output_gate=_new_root(gate)),
             "shim out= default new q+gate": lambda: S.qsa_sparse_paged_attention(
-                _new_root(q), *rest, output_gate=_new_root(gate)),
+                _new_root(q), *rest, output_gate=_new_root(gate), **jax),
             # qsa_jax's jax-triton kernels launched by Triton on torch's stream (no JAX, no fence)
             "shim triton-torch": lambda: S.qsa_sparse_paged_attention(
                 *args, output_gate=gate, implementation="triton-torch"),
             "shim triton-torch new q+gate": lambda: S.qsa_sparse_paged_attention(
                 _new_root(q), *rest, output_gate=_new_root(gate), implementation="triton-torch"),
+            # no implementation=, as vLLM calls it: the shim's default route for CUDA tensors
+            "shim default route": lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate),
         }
         found = {}
         for c, _ in cols:
-            if c.startswith("original") and orig is None:
-                continue
+            if c.startswith("original") and orig is None or "triton-torch" in c and not _GPU:
+                continue  # no original here / triton-torch launches on CUDA tensors only
             route = dict(ROUTES).get(c[len("shim out= "):]) if c.startswith("shim out= ") else None
             E.OUT_COPY_MAX_BYTES[0] = default_limit if route is None else route
-            fn = calls.get(c, lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate))
+            fn = calls.get(c, lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate, **jax))
             fence = c.split()[-2] if c.endswith(" fence") else "import"
             S.set_stream_fence(fence)
             F.FENCE.reset()
@@ -168,15 +181,17 @@ def main():
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--tp", default="TP1")
     ap.add_argument("--grid", default=None, help="comma-separated row counts: the grid table only")
+    ap.add_argument("--columns", default=None,
+                    help="with --grid: comma-separated columns to time (default all; each with its baseline)")
     a = ap.parse_args()
     if a.grid:
-        grid(a.tp, [int(r) for r in a.grid.split(",")])
+        grid(a.tp, [int(r) for r in a.grid.split(",")], a.columns.split(",") if a.columns else None)
         return
     g = arg_specs.GEOMETRIES[a.tp]
     kv, args, gate = _inputs(g, a.rows, **_POOL)
     q, k, v, li, bt, t2r, _, out = args
     d, hk, h, dev = g.head_dim, g.num_kv_heads, g.num_query_heads, q.device
-    shim = lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate)  # noqa: E731
+    shim = lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="jax")  # noqa: E731
     rows = []
     try:
         from qsa_testing import originals
@@ -188,7 +203,7 @@ def main():
             lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate))))
     except Exception as exc:  # noqa: BLE001
         print("original not loadable:", exc)
-    shim_new = lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate)  # noqa: E731
+    shim_new = lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate, implementation="jax")  # noqa: E731
     for fence in F.MODES:
         S.set_stream_fence(fence)
         F.FENCE.reset()
@@ -208,7 +223,7 @@ def main():
     S.set_stream_fence("import")
     # vLLM's activations: q and the gate are new tensor objects every step (same memory).
     shim_fresh = lambda: S.qsa_sparse_paged_attention(  # noqa: E731
-        _new_root(q), *args[1:], output_gate=_new_root(gate))
+        _new_root(q), *args[1:], output_gate=_new_root(gate), implementation="jax")
     from qsa_torch_shim import _call_cache as CC
 
     calls_before = (CC.SPARSE_CALLS.hits, CC.SPARSE_CALLS.misses, I.ACTIVATIONS.misses)
@@ -285,7 +300,8 @@ def main():
     q_view = qkv[:, :h * d].view(a.rows, h, d)
     rows.append(("  import_query(strided q of qkv) (cached)", per_call_us(lambda: I.import_query(q_view)[0])))
     rows.append(("shim host, q a view of qkv (no sync)", per_call_us(
-        lambda: S.qsa_sparse_paged_attention(q_view, k, v, li, bt, t2r, False, out, output_gate=gate))))
+        lambda: S.qsa_sparse_paged_attention(q_view, k, v, li, bt, t2r, False, out, output_gate=gate,
+                                             implementation="jax"))))
     rows.append(("  .data_ptr() of an exported alias", per_call_us(lambda: I.to_torch(res[0]).data_ptr())))
     for fence in F.MODES:
         S.set_stream_fence(fence)
