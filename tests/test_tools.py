@@ -78,3 +78,21 @@ def test_ncu_sass_summary_classifies_copies_and_spills(tmp_path):
         w.writerows(body[:3])
     blocks = S.read_all(str(path))
     assert [(k, len(ls)) for k, ls in blocks] == [("toy_kernel", 40), ("second_kernel", 3)]
+
+
+def test_profile_shim_grid_runs_on_cpu():
+    """tools/profile_shim.py --grid on CPU tensors (JAX's CPU backend; no original, no
+    triton-torch there): the columns asked for and their baselines, an fp8 cache, and an unknown
+    column name refused with the known ones listed."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "tools/profile_shim.py", "--grid", "1", "--tp", "TP4", "--kv-dtype", "fp8",
+           "--columns", "shim out= default,shim default route"]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    header = next(line for line in res.stdout.splitlines() if line.startswith("| rows"))
+    assert header.split(" | ")[2:5] == ["original", "shim out= default", "shim default route"], header
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| 1 |"))
+    assert float(row.split(" | ")[3]) > 0 and float(row.split(" | ")[4]) > 0, row  # both shim columns timed
+    assert "fp8 (x vLLM 0.34.0)" in res.stdout
+    bad = subprocess.run(cmd[:-1] + ["shim fast"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--columns: unknown ['shim fast']" in bad.stderr

@@ -90,20 +90,21 @@ def _new_root(t: torch.Tensor) -> torch.Tensor:
         t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
-def grid(tp: str, row_counts: list[int], only: list[str] | None = None) -> None:
+def grid(tp: str, row_counts: list[int], only: list[str] | None = None, fp8: bool = False) -> None:
     """Eager (call + sync) of the originals against the shim's routes, per row count;
-    ``only``: these columns (and the ones they are compared with)."""
+    ``only``: these columns (and the ones they are compared with); ``fp8``: an e4m3 cache with
+    k_scale 0.5 and v_scale 2.0, against vLLM 0.34.0 (0.30.0 has no fp8 path)."""
     from qsa_torch_shim import _eager as E
 
     g = arg_specs.GEOMETRIES[tp]
     try:
         from qsa_testing import originals
 
-        orig = originals.load() if _GPU else None  # Triton kernels: no CPU launch
+        orig = (originals.load("0.34.0") if fp8 else originals.load()) if _GPU else None  # no CPU launch
     except Exception as exc:  # noqa: BLE001
         print("original not loadable:", exc)
         orig = None
-    kv = None
+    kv = fp8_pool = None
     default_limit = E.OUT_COPY_MAX_BYTES[0]
     jax = dict(implementation="jax")  # the "shim out=" / "no out" / fence columns: the JAX route
     # (column, the column it is compared with)
@@ -119,7 +120,9 @@ def grid(tp: str, row_counts: list[int], only: list[str] | None = None) -> None:
             raise SystemExit(f"--columns: unknown {sorted(unknown)}; known: {[c for c, _ in cols]}")
         keep = set(only) | {base for c, base in cols if c in only and base}
         cols = [(c, base) for c, base in cols if c in keep]
-    print(f"\neager call + sync, {tp}, µs per call (median of 5 x n); x = shim / original; "
+    scales = dict(k_scale=0.5, v_scale=2.0) if fp8 else {}
+    print(f"\neager call + sync, {tp}{' fp8 (x vLLM 0.34.0)' if fp8 else ''}, µs per call (median of 5 x n); "
+          "x = shim / original; "
           f"default out= route: copy up to {default_limit} bytes, else donate; 'new q+gate': "
           "q and the gate are new tensor objects each call (vLLM's activations), both sides")
     ratios_of = [c for c, base in cols if base]
@@ -129,22 +132,25 @@ def grid(tp: str, row_counts: list[int], only: list[str] | None = None) -> None:
     worst: dict[str, float] = {}
     for rows in row_counts:
         kv, args, gate = _inputs(g, rows, kv, **_POOL)
+        if fp8:  # the same pool's values as e4m3 (converted once; kv keeps the bf16 pool)
+            fp8_pool = kv.to(torch.float8_e4m3fn) if fp8_pool is None else fp8_pool
+            args = (args[0], *fp8_pool.transpose(1, 2).split(g.head_dim, -1), *args[3:])
         q, rest = args[0], args[1:]
         n = 300 if rows <= 64 else 40
         calls = {
-            "original": lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate),
-            "shim no out": lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate, **jax),
+            "original": lambda: orig.qsa_sparse_paged_attention(*args, output_gate=gate, **scales),
+            "shim no out": lambda: S.qsa_sparse_paged_attention(*args[:7], output_gate=gate, **jax, **scales),
             "original new q+gate": lambda: orig.qsa_sparse_paged_attention(
-                _new_root(q), *rest, output_gate=_new_root(gate)),
+                _new_root(q), *rest, output_gate=_new_root(gate), **scales),
             "shim out= default new q+gate": lambda: S.qsa_sparse_paged_attention(
-                _new_root(q), *rest, output_gate=_new_root(gate), **jax),
+                _new_root(q), *rest, output_gate=_new_root(gate), **jax, **scales),
             # qsa_jax's jax-triton kernels launched by Triton on torch's stream (no JAX, no fence)
             "shim triton-torch": lambda: S.qsa_sparse_paged_attention(
-                *args, output_gate=gate, implementation="triton-torch"),
+                *args, output_gate=gate, implementation="triton-torch", **scales),
             "shim triton-torch new q+gate": lambda: S.qsa_sparse_paged_attention(
-                _new_root(q), *rest, output_gate=_new_root(gate), implementation="triton-torch"),
+                _new_root(q), *rest, output_gate=_new_root(gate), implementation="triton-torch", **scales),
             # no implementation=, as vLLM calls it: the shim's default route for CUDA tensors
-            "shim default route": lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate),
+            "shim default route": lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate, **scales),
         }
         found = {}
         for c, _ in cols:
@@ -152,7 +158,7 @@ def grid(tp: str, row_counts: list[int], only: list[str] | None = None) -> None:
                 continue  # no original here / triton-torch launches on CUDA tensors only
             route = dict(ROUTES).get(c[len("shim out= "):]) if c.startswith("shim out= ") else None
             E.OUT_COPY_MAX_BYTES[0] = default_limit if route is None else route
-            fn = calls.get(c, lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate, **jax))
+            fn = calls.get(c, lambda: S.qsa_sparse_paged_attention(*args, output_gate=gate, **jax, **scales))
             fence = c.split()[-2] if c.endswith(" fence") else "import"
             S.set_stream_fence(fence)
             F.FENCE.reset()
@@ -181,11 +187,14 @@ def main():
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--tp", default="TP1")
     ap.add_argument("--grid", default=None, help="comma-separated row counts: the grid table only")
+    ap.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8"),
+                    help="with --grid: the cache dtype (fp8: e4m3, scales 0.5 / 2.0, against vLLM 0.34.0)")
     ap.add_argument("--columns", default=None,
                     help="with --grid: comma-separated columns to time (default all; each with its baseline)")
     a = ap.parse_args()
     if a.grid:
-        grid(a.tp, [int(r) for r in a.grid.split(",")], a.columns.split(",") if a.columns else None)
+        grid(a.tp, [int(r) for r in a.grid.split(",")], a.columns.split(",") if a.columns else None,
+             fp8=a.kv_dtype == "fp8")
         return
     g = arg_specs.GEOMETRIES[a.tp]
     kv, args, gate = _inputs(g, a.rows, **_POOL)
