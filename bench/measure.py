@@ -211,7 +211,8 @@ def torch_measure(ctx: Context, case: Case, draft: Draft, calls: list, fetch):
                 t.update(timing.torch_loop_time(calls, reason=f"graph capture failed: {exc!r}"[:200]))
         else:
             t.update(timing.torch_loop_time(
-                calls, reason="the shim launches JAX work, which a torch CUDA graph cannot capture"))
+                calls, reason="the shim is timed eagerly: its JAX route cannot be captured in a torch CUDA "
+                              "graph (its default CUDA route, triton-torch, could: --shim-graph tries)"))
     msgs = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     if msgs:
         draft.warnings = tuple(msgs[:5])

@@ -37,8 +37,8 @@ METHOD = {
     "device_time": "torch: CUDA graph capturing N calls (each with its own fresh input set), replayed; "
                    "JAX: one jitted function making the N calls in sequence (optimization barriers "
                    "chain each call after the previous one), dispatched back to back, wall clock; "
-                   "both divided by N. The shim (JAX work, which a torch graph cannot capture): N eager "
-                   "calls launched back to back, CUDA events, divided by N",
+                   "both divided by N. The shim (every route; its JAX route cannot be captured in a torch "
+                   "graph): N eager calls launched back to back, CUDA events, divided by N",
     "busy": "GPU busy time per call from a profiler trace (CUPTI, via jax.profiler; bench.kernel_trace): "
             "the sum of the durations of every kernel the GPU ran during 3 runs of the timed unit "
             "(graph replays / executions), divided by the calls; free of host launch gaps. Taken for "

@@ -71,7 +71,8 @@ def summary_table(run: RunResult) -> str:
             lines.append(f"| {rows}{' (prefill cfg)' if flag else ''} | " + " | ".join(cells) + " |")
     if any(_eager_loop(r) for r in recs):
         lines += ["", "† timed as N eager calls launched back to back (CUDA events), not a CUDA graph: "
-                      "its JAX work cannot be captured in one; where its host cost per call exceeds the "
+                      "the shim's JAX route cannot be captured in one (its triton-torch route is timed the same "
+                      "way, for one method across its routes); where its host cost per call exceeds the "
                       "device time, this is the host cost."]
     if any(_host_bound(r) for r in recs):
         lines += ["", f"‡ wall clock more than {HOST_BOUND_RATIO}× the GPU busy time of the same calls "

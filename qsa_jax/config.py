@@ -323,7 +323,7 @@ def reachable_configs(
 def tune_config_for_hopper(
     config: SparseAttentionConfig, num_rows: int, num_kv_heads: int
 ) -> SparseAttentionConfig:
-    """The triton implementation's config on an H100/H200, from the originals' ``config``.
+    """The triton implementation's config on an H100/H200, from a measured table's ``config``.
 
     Only knobs that keep the originals' rounding are changed: the tiling
     (``block_n``) and the tiles each split walks decide which probabilities
@@ -572,12 +572,13 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     """
     cfg = triton_tiling(problem)
     pairs = problem.num_rows * problem.num_query_heads
-    # The originals' merge (one program per (row, head) over the whole D, 2 warps) wherever
-    # the tiling is not the library's measured table's -- vLLM's tables, an explicit config --,
-    # so that the sum over splits associates as theirs: the 64-wide chunks on 4 warps spread
-    # the splits over threads in another order, which at 64 splits moved TP2 16 rows 3.4e-4
-    # from vLLM 0.30.0 (relative Frobenius, over the fidelity bar; whole D: within it; H200,
-    # session 12, bench/results/nvidia-h200_2026-12-04/session12/).
+    # The originals' merge layout (one program per (row, head) over the whole D, 2 warps)
+    # wherever the tiling is not the library's measured table's -- vLLM's tables, an explicit
+    # config --, so that the launch is theirs. Measured effect alone: small (TP2 16 rows on
+    # 0.30.0's table, 64 splits: 3.43e-4 -> 3.42e-4 from vLLM 0.30.0; the split tweak of
+    # ``triton_tiling`` was the cause; with both, bit-identical; H200, session 12,
+    # bench/results/nvidia-h200_2026-12-04/session12/). Its cost at decode against the 64-wide
+    # chunks, which ``merge_block_d`` chose for speed there, not timed.
     chunked = measured_entry(problem) is not None
     block_d = merge_block_d(pairs, problem.head_dim) if chunked else problem.head_dim
     default = TritonLaunch(

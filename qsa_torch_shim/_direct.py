@@ -70,6 +70,19 @@ def _kernels():
     return triton_kernels
 
 
+def default_reason(device: torch.device) -> str | None:
+    """None when a call that names no implementation should launch here (``_eager.default_route``):
+    ``why_not``, and an NVIDIA GPU of compute capability >= 8.0 (bf16 tensor-core dots; the
+    kernels are built for CUDA, not ROCm, whose torch also calls its devices "cuda")."""
+    reason = why_not(device)
+    if reason is None and device.type == "cuda":
+        if getattr(torch.version, "hip", None):
+            reason = "torch runs on ROCm; these kernels are built for CUDA"
+        elif torch.cuda.get_device_capability(device) < (8, 0):
+            reason = f"compute capability {torch.cuda.get_device_capability(device)} < (8, 0)"
+    return reason
+
+
 def _spec(t: torch.Tensor):
     return jax.ShapeDtypeStruct(tuple(t.shape), _JNP[t.dtype])
 

@@ -1,4 +1,5 @@
-"""The shim's eager path: torch tensors in, JAX's jitted call, torch tensors out.
+"""The shim's eager path: torch tensors in, JAX's jitted call (or, for the sparse attention's
+"triton-torch" route, ``_direct``'s Triton launch), torch tensors out.
 
 Conversion, stream order and in-place writes only -- the math is qsa_jax's
 (``_jax_side``). Callers have validated the arguments (``_checks``); these
@@ -52,7 +53,7 @@ def default_route(device: torch.device) -> str:
     "jax". Decided once per device."""
     found = _DEFAULT_ROUTES.get(device)
     if found is None:
-        direct = device.type == "cuda" and _direct.why_not(device) is None
+        direct = device.type == "cuda" and _direct.default_reason(device) is None
         found = _DEFAULT_ROUTES[device] = _direct.NAME if direct else JAX_ROUTE
     return found
 
@@ -255,11 +256,19 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     take the same kernels through JAX ("triton", at the tiling table the direct launch
     uses, so both round alike), or qsa_jax's own choice where jax-triton is not installed."""
     table = None
-    if implementation == _direct.NAME:
+    if implementation == JAX_ROUTE:  # e.g. the custom op called with it directly
+        implementation = None
+    elif implementation == _direct.NAME:
         result = _direct.sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                                 use_prefill_config, out, output_gate, scales, J.TILING_TABLE[0])
         if result is not None:
             return result
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "qsa_sparse_paged_attention: these tensors' layout needs the JAX route (the Triton "
+                "launch cannot read it in place), and JAX's work cannot be captured in a CUDA graph; "
+                "pass the fused cache's views or compact K/V caches, compact metadata and gate, "
+                "and q compact or a view on D-wide rows")
         implementation = "triton" if _jax_triton_route.why_not() is None else None
         if implementation is not None:
             table = _direct.effective_table(J.TILING_TABLE[0], k_cache.dtype)

@@ -14,7 +14,7 @@ from qsa_jax.arg_specs import MAX_WARMUP_ROWS
 from qsa_jax.config import first_rows
 from qsa_jax.config import select_config as _qsa_select_config
 
-from qsa_torch_shim import _eager
+from qsa_torch_shim import _direct, _eager
 
 
 
@@ -38,13 +38,19 @@ def _select_config(num_rows: int, num_kv_heads: int, use_prefill_config: bool,
     return block_n, warps, tiles, tiles
 
 
+_SHIM_TABLE = object()  # warmup_rows' default: the table the shim's JAX route runs
+
+
 def warmup_rows(num_kv_heads: int, selection_width: int, max_rows: int = MAX_WARMUP_ROWS,
-                is_fp8: bool = False) -> list[int]:
-    """One row count per config the shim's calls reach (the smallest that picks it)."""
+                is_fp8: bool = False, table=_SHIM_TABLE) -> list[int]:
+    """One row count per config the shim's calls reach (the smallest that picks it), on
+    ``table`` (default: the shim's, ``set_tiling_table``)."""
     from qsa_torch_shim import _jax_side
 
+    if table is _SHIM_TABLE:
+        table = _jax_side.TILING_TABLE[0]
     return sorted(set(first_rows(num_kv_heads, selection_width, max_rows, is_fp8=is_fp8,
-                                 table=_jax_side.TILING_TABLE[0]).values()))
+                                 table=table).values()))
 
 
 def fp8_call_dtype(device: torch.device) -> torch.dtype:
@@ -65,13 +71,17 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
     every config reachable for rows 1..8192 and both ``use_prefill_config``
     (with 0.34's fp8 table for a uint8 ``kv_cache`` when ``fp8_tables``).
 
-    Unlike Triton's, JAX executables are specialised on the row count and the
-    cache dtype too, so "every reachable config" does not mean "every call
-    compiled". By default this compiles one row count per reachable config
-    (``warmup_rows``), both flags, with and without ``out``, for the cache dtype
-    the calls will bring (an fp8 cache: ``fp8_call_dtype``; its scales are
-    traced, so one compile serves every layer's scales); pass ``rows=`` (e.g.
-    the CUDA-graph capture sizes) to compile exactly the batch sizes you serve.
+    On the JAX route, executables are specialised on the row count and the cache
+    dtype too, so "every reachable config" does not mean "every call compiled";
+    on the default CUDA route (triton-torch) Triton compiles per tiling and
+    specialises the row count only as 1 / a multiple of 16 / other, but each new
+    call signature (shapes) is planned on its first call. By default this runs one
+    row count per config the route reaches (``warmup_rows`` on the table the route
+    launches), both flags, with and without ``out``, for the cache dtype the calls
+    will bring (an fp8 cache: ``fp8_call_dtype``; its scales are traced, so one
+    compile serves every layer's scales); pass ``rows=`` (e.g. the CUDA-graph
+    capture sizes) to prepare exactly the batch sizes you serve -- needed before
+    capturing a CUDA graph, which must not see a signature's first call.
     Warm-up calls use all-padding rows (count 0), so they read no cache page.
     """
     head_dim = kv_cache.shape[-1] // 2
@@ -87,9 +97,14 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
     num_kv_heads = k_cache.shape[2]
     profiles = sorted({_select_config(r, num_kv_heads, flag, selection_width, table_fp8, table=summary_table)
                        for r in range(1, 8193) for flag in (False, True)})
-    if rows is None:
-        rows = warmup_rows(num_kv_heads, selection_width, is_fp8=scales is not None)
     implementation = _eager.sparse_route(implementation, dev)
+    if rows is None:
+        table = _SHIM_TABLE
+        if implementation == _direct.NAME:  # the tilings the Triton launch takes (bf16: 0.30.0's)
+            from qsa_torch_shim import _jax_side
+
+            table = _direct.effective_table(_jax_side.TILING_TABLE[0], kv_cache.dtype)
+        rows = warmup_rows(num_kv_heads, selection_width, is_fp8=scales is not None, table=table)
     for r in rows:
         q = torch.zeros((r, num_query_heads, head_dim), dtype=torch.bfloat16, device=dev)
         indices = torch.full((r, selection_width + 1), -1, dtype=torch.int32, device=dev)

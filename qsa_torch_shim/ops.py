@@ -3,7 +3,8 @@
 Same names, signatures, validation and exception types as vLLM 0.34.0's
 originals (which accept every 0.30.0 call too); the computation runs in qsa_jax.
 The only addition is a keyword-only ``implementation=`` ("triton", "pallas",
-"xla" or None: qsa_jax's default for the backend; for the sparse attention also
+"xla" or None: qsa_jax's default for the backend -- except the sparse attention, where None
+means ``_eager.default_route``'s choice; for the sparse attention also
 "triton-torch": the jax-triton kernels launched by Triton on torch's stream,
 ``_direct``, the default for CUDA tensors (``_eager.default_route``), and "jax": the JAX route
 with qsa_jax's choice). ``vllm_0_30`` is the same module with 0.30.0's signatures, for

@@ -120,9 +120,10 @@ def test_triton_merge_chunk_follows_the_shared_rule(rows, monkeypatch):
     """On the library's measured table the jax-triton merge splits D only where the Pallas merge
     does (config.merge_block_d): its fixed 64-wide chunks had made it 2.0-2.4x slower than D
     whole from 256 programs (H200, fp8, TP4-TP1, session 8); above 256 pairs it runs 2 warps
-    (measured there). On any other tiling -- vLLM's tables, an explicit config -- it merges as
-    the originals do, D whole on 2 warps: the chunks sum the splits in another order (TP2 16
-    rows at 64 splits: 3.4e-4 from vLLM 0.30.0, over the fidelity bar; H200, session 12)."""
+    (measured there). On any other tiling -- vLLM's tables, an explicit config -- it launches as
+    the originals do: the tiling as given (no Hopper split tweak, which put TP2 16 rows 3.4e-4
+    from vLLM 0.30.0, over the fidelity bar; H200, session 12) and the merge over D whole on 2
+    warps."""
     import jax.numpy as jnp
 
     from qsa_jax import config

@@ -652,7 +652,7 @@ def gpu_pool(request):
 @pytest.mark.parametrize("route", ["jax", None])  # None: the default on CUDA, triton-torch
 @pytest.mark.parametrize("rows", [1, 16, 64, 512, 2049])
 def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows, tiling_030, route, monkeypatch):
-    from qsa_torch_shim import _eager
+    from qsa_torch_shim import _direct, _eager
 
     monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [route])
     assert _eager.sparse_route(None, torch.device("cuda")) == (None if route else "triton-torch")
@@ -663,8 +663,9 @@ def test_gpu_sparse_matches_original_identical_call(orig, gpu_pool, rows, tiling
         a["use_prefill_config"] = flag
         want = _call_sparse(orig.qsa_sparse_paged_attention, a, gate, torch.empty_like(a["q"]))
         out = torch.empty_like(a["q"])
+        direct = _direct.ROUTES.direct
         got = _call_sparse(S.qsa_sparse_paged_attention, a, gate, out)
-        assert got is out
+        assert got is out and _direct.ROUTES.direct == direct + (route is None)  # the route asked for
         assert_fidelity(to_numpy(got), to_numpy(want), what=f"{g.name}/r{rows}/prefill={flag}")
 
 

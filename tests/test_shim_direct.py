@@ -62,6 +62,10 @@ def test_process_default_implementation(monkeypatch):
     want = S.qsa_sparse_paged_attention(*args, output_gate=gate)  # CPU tensors: the JAX route (xla)
     assert torch_equal(S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="jax"), want)
     assert vars(_direct.ROUTES) == routes  # neither went near the direct launch
+    import torch
+
+    S.register_torch_ops()  # the custom op takes the route names too
+    assert torch_equal(torch.ops.qsa_shim.sparse_paged_attention(*args, gate, "jax"), want)
     S.set_sparse_implementation("triton-torch")
     with pytest.raises(NotImplementedError, match="triton-torch.*needs CUDA tensors"):
         S.qsa_sparse_paged_attention(*args, output_gate=gate)  # the default now names triton-torch
@@ -95,6 +99,8 @@ def test_default_route_per_device(monkeypatch):
 
     monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [None])
     monkeypatch.setattr(_eager, "_DEFAULT_ROUTES", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert _direct.why_not(cuda) is None, "triton must be importable in the test environment"
     assert _eager.default_route(cuda) == "triton-torch" and _eager.default_route(cpu) == "jax"
@@ -104,10 +110,15 @@ def test_default_route_per_device(monkeypatch):
     assert _eager.sparse_route("jax", cuda) is None
     monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", ["jax"])
     assert _eager.sparse_route(None, cuda) is None
-    monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [None])
-    monkeypatch.setattr(_eager, "_DEFAULT_ROUTES", {})
-    monkeypatch.setattr(_direct, "why_not", lambda device: "no triton here")
-    assert _eager.default_route(cuda) == "jax"
+    # Not where the kernels cannot run: no Triton, a GPU below sm_80, ROCm (whose torch also says "cuda").
+    for patch in ((torch.cuda, "get_device_capability", lambda device=None: (7, 5)), (torch.version, "hip", "6.2"),
+                  (_direct, "why_not", lambda device: "no triton here")):
+        with monkeypatch.context() as m:
+            m.setattr(_eager, "SPARSE_IMPLEMENTATION", [None])
+            m.setattr(_eager, "_DEFAULT_ROUTES", {})
+            m.setattr(*patch)
+            assert _eager.default_route(cuda) == "jax", patch[1]
+            assert _direct.default_reason(cuda) is not None
 
 
 def torch_equal(a, b):
@@ -302,12 +313,18 @@ def test_gpu_default_route_is_direct_and_captures_in_a_cuda_graph(rows, kv_dtype
     """A call that names no implementation on CUDA tensors launches directly (triton-torch),
     and a torch CUDA graph captures it: replayed on new q, gate, selections (and, for fp8,
     scales first seen inside the capture, whose pair is filled by the graph), every replay
-    equals the eager call on the same inputs bit for bit. A splitting tiling (4 rows) and
-    a one-split one (512) both run."""
-    reason = _gpu_skip_reason()
+    equals the eager call on the same inputs bit for bit. A splitting tiling at 4 rows, and
+    at 512 rows a one-split one (bf16; fp8's table splits there too). Inside a capture, a call
+    whose layout needs the JAX route raises (JAX's work cannot be captured)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch sees none")
+    from qsa_torch_shim import _direct as direct
+
+    reason = direct.default_reason(torch.device("cuda"))
     if reason:
         pytest.skip(reason)
-    import torch
 
     import qsa_torch_shim as S
     from qsa_torch_shim import _direct, _eager
@@ -344,6 +361,13 @@ def test_gpu_default_route_is_direct_and_captures_in_a_cuda_graph(rows, kv_dtype
         torch.cuda.synchronize()
         assert torch.isfinite(replayed).all()
         assert torch.equal(replayed.view(torch.int16), want.view(torch.int16))
+    # K/V as views of a [NB, P, Hk, 2D] buffer: the JAX route's layout, refused inside a capture.
+    pairs = torch.cat([k.view(torch.uint8), v.view(torch.uint8)], dim=-1).contiguous().view(k.dtype)
+    d = q.shape[-1]
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            S.qsa_sparse_paged_attention(q, pairs[..., :d], pairs[..., d:], indices, table, requests, False, out,
+                                         output_gate=gate, **captured_scales)
 
 
 def test_triton_torch_bf16_takes_the_030_table_by_default():
