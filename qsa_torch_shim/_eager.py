@@ -247,6 +247,11 @@ def sparse_run(args, q, use_prefill_config, out, implementation=None, table=None
     return out
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether torch's current stream on ``device`` is capturing a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
                                 use_prefill_config, out, output_gate, implementation=None,
                                 scales=None):
@@ -263,7 +268,7 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
                                 use_prefill_config, out, output_gate, scales, J.TILING_TABLE[0])
         if result is not None:
             return result
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        if capturing(q.device):
             raise RuntimeError(
                 "qsa_sparse_paged_attention: these tensors' layout needs the JAX route (the Triton "
                 "launch cannot read it in place), and JAX's work cannot be captured in a CUDA graph; "

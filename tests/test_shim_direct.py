@@ -500,6 +500,19 @@ def interpret_main() -> int:
     want = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="xla")
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert _direct.ROUTES.fallback == 1 and _direct.ROUTES.direct == calls
+    # Inside a CUDA-graph capture that fallback would run JAX's work in it: refused, with the reason.
+    from qsa_torch_shim import _eager
+
+    real_capturing, _eager.capturing = _eager.capturing, lambda device: True
+    try:
+        S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="triton-torch")
+        raise AssertionError("the JAX fallback ran inside a (pretended) capture")
+    except RuntimeError as exc:
+        assert "cannot be captured in a CUDA graph" in str(exc), exc
+    finally:
+        _eager.capturing = real_capturing
+    assert _direct.ROUTES.fallback == 2  # the refused call was one more fallback
+    _direct.ROUTES.fallback = 1
     # The call-signature cache keys on strides: K of one fused buffer with V of another has the
     # strides of a fused pair, so each hit re-checks the pair (else V would be read from K's).
     fused_a = t(case.kv_cache)
