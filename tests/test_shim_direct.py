@@ -121,6 +121,38 @@ def test_default_route_per_device(monkeypatch):
             assert _direct.default_reason(cuda) is not None
 
 
+def test_warmup_follows_the_route(monkeypatch):
+    """The shim's warmup runs its calls on the route a call naming no implementation takes, and
+    by default one row count per tiling of the table that route launches: on triton-torch a bf16
+    cache gets vLLM 0.30.0's tilings (``_direct.effective_table``), on the JAX route the shim's."""
+    import torch
+
+    from qsa_jax.config import first_rows
+    from qsa_testing import cases as C
+    from qsa_testing.torch_interop import to_torch
+    from qsa_torch_shim import _direct, _eager, _warmup
+
+    case = C.sparse_attention_case(np.random.default_rng(3), rows=2, num_query_heads=4, num_kv_heads=2,
+                                   head_dim=16, page_size=8, selection_blocks=4, context_tokens=32)
+    kv, bt = to_torch(case.kv_cache, "cpu"), to_torch(case.block_table, "cpu")
+    from qsa_jax import config
+
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))  # the shim's table: the H200's
+    seen = []
+    monkeypatch.setattr(_eager, "sparse_paged_attention_impl",
+                        lambda q, *a: seen.append((q.shape[0], a[-2])))
+    want = {route: sorted(set(first_rows(2, 2051, table=table).values()))
+            for route, table in (("triton-torch", "vllm-0.30"), (None, None))}
+    assert want["triton-torch"] != want[None]  # the two tables differ in where tilings change
+    for route in ("triton-torch", None):
+        monkeypatch.setattr(_eager, "SPARSE_IMPLEMENTATION", [route or "jax"])
+        seen.clear()
+        _warmup.warmup(kv, bt, num_query_heads=4, selection_width=2051, with_out=False)
+        assert sorted({rows for rows, _ in seen}) == want[route], route
+        assert {impl for _, impl in seen} == {route}
+    assert _direct.effective_table(None, torch.bfloat16) == "vllm-0.30"
+
+
 def torch_equal(a, b):
     import torch
 
