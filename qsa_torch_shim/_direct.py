@@ -78,8 +78,8 @@ def default_reason(device: torch.device) -> str | None:
     if reason is None and device.type == "cuda":
         if getattr(torch.version, "hip", None):
             reason = "torch runs on ROCm; these kernels are built for CUDA"
-        elif torch.cuda.get_device_capability(device) < (8, 0):
-            reason = f"compute capability {torch.cuda.get_device_capability(device)} < (8, 0)"
+        elif (capability := torch.cuda.get_device_capability(device)) < (8, 0):
+            reason = f"compute capability {capability} < (8, 0)"
     return reason
 
 

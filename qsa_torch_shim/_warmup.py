@@ -14,7 +14,7 @@ from qsa_jax.arg_specs import MAX_WARMUP_ROWS
 from qsa_jax.config import first_rows
 from qsa_jax.config import select_config as _qsa_select_config
 
-from qsa_torch_shim import _direct, _eager
+from qsa_torch_shim import _direct, _eager, _jax_side
 
 
 
@@ -45,8 +45,6 @@ def warmup_rows(num_kv_heads: int, selection_width: int, max_rows: int = MAX_WAR
                 is_fp8: bool = False, table=_SHIM_TABLE) -> list[int]:
     """One row count per config the shim's calls reach (the smallest that picks it), on
     ``table`` (default: the shim's, ``set_tiling_table``)."""
-    from qsa_torch_shim import _jax_side
-
     if table is _SHIM_TABLE:
         table = _jax_side.TILING_TABLE[0]
     return sorted(set(first_rows(num_kv_heads, selection_width, max_rows, is_fp8=is_fp8,
@@ -99,11 +97,9 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
                        for r in range(1, 8193) for flag in (False, True)})
     implementation = _eager.sparse_route(implementation, dev)
     if rows is None:
-        table = _SHIM_TABLE
+        table = _jax_side.TILING_TABLE[0]
         if implementation == _direct.NAME:  # the tilings the Triton launch takes (bf16: 0.30.0's)
-            from qsa_torch_shim import _jax_side
-
-            table = _direct.effective_table(_jax_side.TILING_TABLE[0], kv_cache.dtype)
+            table = _direct.effective_table(table, kv_cache.dtype)
         rows = warmup_rows(num_kv_heads, selection_width, is_fp8=scales is not None, table=table)
     for r in rows:
         q = torch.zeros((r, num_query_heads, head_dim), dtype=torch.bfloat16, device=dev)
