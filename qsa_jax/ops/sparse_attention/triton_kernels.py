@@ -15,7 +15,15 @@ Two kernels:
 Every launch parameter that depends on the deployment (widths, page size,
 strides, tiling) is a compile-time constant; the three values that change with
 the batch (rows, requests, cache pages) are runtime scalars so that a new
-batch size does not compile a new kernel.
+batch size does not compile a new kernel. Rows and requests are also kept out
+of Triton's integer specialisation (``do_not_specialize``), as vLLM's kernels
+keep them: the JIT otherwise compiles a variant for a value of 1 (one request,
+one row) and for multiples of 16, and the one-request variant of the split
+kernel spilled 308 B per thread at 0.30.0's TP4 512-row launch (64-wide tiles,
+4 splits, 2 warps) against 32 B without it -- 374 against 268 us on an H200
+(session 13; ``tools/sm90_split_kernel_ab.py`` shows it without a GPU).
+``jax_triton.triton_call`` makes any scalar equal to 1 a constant regardless,
+so through JAX the one-request variant remains (notes/triton.md, session 13).
 
 Safety: an entry's K/V are loaded only under its validity mask, so the bytes
 of unreferenced pages (garbage, NaN) never enter a register. Cache offsets are
@@ -59,7 +67,7 @@ def _e4m3(tile, KV_BYTES: tl.constexpr):
     return tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "num_requests"])
 def sparse_attention_split_kernel(
     # inputs
     q_ptr, k_ptr, v_ptr, idx_ptr, bt_ptr, req_ptr, gate_ptr,
@@ -170,7 +178,7 @@ def sparse_attention_split_kernel(
         tl.store(lse_ptr + slab + m_idx, lse, mask=head_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def sparse_attention_merge_kernel(
     part_ptr, lse_ptr, gate_ptr,
     num_rows,

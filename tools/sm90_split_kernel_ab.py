@@ -1,0 +1,173 @@
+"""Compile the jax-triton split kernel and vLLM's at the same launch for sm_90, no GPU needed.
+
+    python tools/sm90_split_kernel_ab.py [--geometry TP4] [--launch 64/4/2] [--launch ...]
+        [--vllm .cache/originals/vllm-0.30.0/qsa.py] [--out DIR]
+
+Why (session 13): on the H200, at TP4 512 rows (512 programs) and vLLM 0.30.0's tiling
+(block_n 64, 4 splits, 2 warps, 2 stages), ``sparse_attention_split_kernel`` took 366 µs
+against 0.30.0's 266 µs for the same tiles (session 11, call b), while at one split the two
+were within 1%. This compiles both kernels with the venv's Triton for
+``GPUTarget("cuda", 90, 32)`` at the constexprs each launcher passes (the fused
+``[NB, Hk, P, 2D]`` cache, bf16), and prints per kernel: registers and spills (``ptxas -v``),
+shared memory, and the tile loop's SASS by instruction class (``tools/sm90_ptx_fp8.py``'s
+counters) -- so a difference in the compiled loop shows before any device time is spent.
+A ``--launch`` is ``block_n/splits/warps`` (2 stages, as both launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import sm90_ptx_fp8 as P  # noqa: E402  (the counters and ptxas helpers)
+
+PAGE, W = 64, 2051
+# What the probe on the GPU launched (tools/split_kernel_probe.py: one request whose table
+# names every page of a 512-page pool). Triton's JIT makes an int argument equal to 1 a
+# constant, which changes register allocation: at 1025 pages and 512 requests our kernel
+# compiled with 32 B of spills, at the probe's values with 308 B (the cubin the GPU ran).
+BTW = NUM_PAGES = 512
+REQUESTS = 1
+
+
+def _signature(fn, pointers, constexprs, ints, rule):
+    """ASTSource's signature and the specialisation of the int arguments, by ``rule``:
+    "jit" as Triton's JIT launches it (the triton-torch route, vLLM): an int equal to 1
+    becomes a constant, one divisible by 16 gets the hint, except the parameters the kernel
+    names in ``do_not_specialize``; "jax-triton" as ``jax_triton.triton_call`` compiles it:
+    an int equal to 1 becomes a constant whatever the kernel says, no int gets a hint.
+    Pointers are 16-byte aligned either way."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in pointers:
+            signature[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in constexprs:
+            signature[name] = "constexpr"
+        elif ints[name] == 1 and (rule == "jax-triton" or not fn.params[i].do_not_specialize):
+            signature[name] = "constexpr"
+            constexprs[name] = 1
+        else:
+            signature[name] = "i32"
+            if rule == "jit" and ints[name] % 16 == 0 and not fn.params[i].do_not_specialize:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def ours(geo, rows, block_n, splits, warps, rule):
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from qsa_jax.ops.sparse_attention import triton_kernels as K
+
+    fn = K.sparse_attention_split_kernel
+    d, group, heads, hk = geo.head_dim, geo.num_query_heads // geo.num_kv_heads, geo.num_query_heads, geo.num_kv_heads
+    out = "*bf16" if splits == 1 else "*fp32"
+    pointers = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", idx_ptr="*i32", bt_ptr="*i32",
+                    req_ptr="*i32", gate_ptr="*bf16", scale_ptr="*i32", o_ptr=out, lse_ptr="*fp32")
+    constexprs = dict(W=W, PAGE=PAGE, BTW=BTW, GROUP=group, HEADS=heads, D=d, Q_ROW_STRIDE=heads,
+                      Q_HEAD_STRIDE=1, Q_OFFSET=0, STRIDE_PAGE=hk * PAGE * 2 * d, STRIDE_TOKEN=2 * d,
+                      STRIDE_HEAD=PAGE * 2 * d, V_OFFSET=d, BLOCK_M=triton.next_power_of_2(group),
+                      BLOCK_N=block_n, NUM_TILES=-(-W // block_n), NUM_SPLITS=splits, PREFETCH=False,
+                      SCALED=False, FP8=False, KV_BYTES=False)
+    ints = dict(num_rows=rows, num_requests=REQUESTS, num_pages=NUM_PAGES)
+    signature, attrs = _signature(fn, pointers, constexprs, ints, rule)
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=2))
+
+
+def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule):
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    module_path = os.path.join(out_dir, "vllm_split_kernel.py")
+    with open(path) as f:
+        text = f.read()
+    tree = ast.parse(text)
+    parts = ["import triton\nimport triton.language as tl\n"]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in ("_maybe_dequant", "_qsa_sparse_paged_gqa_splitk_kernel"):
+            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            parts.append("\n".join(text.splitlines()[start - 1:node.end_lineno]) + "\n")
+    with open(module_path, "w") as f:
+        f.write("\n\n".join(parts))
+    spec = importlib.util.spec_from_file_location("vllm_split_kernel", module_path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fn = mod._qsa_sparse_paged_gqa_splitk_kernel
+    d, group, heads, hk = geo.head_dim, geo.num_query_heads // geo.num_kv_heads, geo.num_query_heads, geo.num_kv_heads
+    pointers = dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", indices_ptr="*i32",
+                    block_table_ptr="*i32", token_to_req_ptr="*i32", partial_output_ptr="*fp32",
+                    partial_lse_ptr="*fp32", output_ptr="*bf16", output_gate_ptr="*bf16")
+    ints = dict(stride_q_row=heads * d, stride_q_head=d, stride_k_block=hk * PAGE * 2 * d,
+                stride_k_token=2 * d, stride_k_head=PAGE * 2 * d, stride_v_block=hk * PAGE * 2 * d,
+                stride_v_token=2 * d, stride_v_head=PAGE * 2 * d, stride_indices_row=W + 1,
+                stride_table_req=BTW, stride_output_row=heads * d, stride_output_head=d,
+                stride_output_gate_row=heads * d, stride_output_gate_head=d, num_rows=rows,
+                num_cache_blocks=NUM_PAGES, num_requests=REQUESTS, k_scale=1, v_scale=1)
+    constexprs = dict(TOPK=W, PAGE_SIZE=PAGE, PAGE_TABLE_WIDTH=BTW, GROUP_SIZE=group, HEAD_DIM=d,
+                      NUM_QUERY_HEADS=heads, NUM_SPLITS=splits, NUM_TILES=-(-W // block_n),
+                      BLOCK_M=triton.next_power_of_2(group), BLOCK_N=block_n)
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+    signature, attrs = _signature(fn, pointers, constexprs, ints, rule)
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=2))
+
+
+def ptxas_path() -> str:
+    import glob
+
+    import triton
+
+    return glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))[0]
+
+
+def compiled_numbers(kernel, path: str) -> dict:
+    """``ptxas -v`` registers and spills, and the tile loop's counts, of a compiled kernel
+    (its PTX written to ``path``)."""
+    with open(path, "w") as f:
+        f.write(kernel.asm["ptx"])
+    return P.ptxas_info(ptxas_path(), path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--geometry", default="TP4")
+    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--launch", action="append", default=None, help="block_n/splits/warps (repeatable)")
+    ap.add_argument("--vllm", default=".cache/originals/vllm-0.30.0/qsa.py")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rule", default="jit", choices=("jit", "jax-triton"),
+                    help="how the int arguments are specialised (see _signature); vLLM's kernel always 'jit'")
+    a = ap.parse_args()
+
+    from qsa_jax import arg_specs
+
+    geo = arg_specs.GEOMETRIES[a.geometry]
+    out_dir = a.out or tempfile.mkdtemp(prefix="sm90_split_ab_")
+    os.makedirs(out_dir, exist_ok=True)
+    classes = list(P.OPCODE_CLASSES) + ["other"]
+    print(f"{a.geometry}, {a.rows} rows, bf16 fused cache, ours specialised as {a.rule}; files in {out_dir}\n")
+    print("| kernel | launch | regs | spill st/ld B | shared B | loop | " + " | ".join(classes) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(classes))
+    for launch in a.launch or ["64/4/2", "64/1/2"]:
+        bn, splits, warps = (int(x) for x in launch.split("/"))
+        for name, compile_one in (("ours", lambda: ours(geo, a.rows, bn, splits, warps, a.rule)),
+                                  ("vllm", lambda: theirs(a.vllm, out_dir, geo, a.rows, bn, splits, warps, "jit"))):
+            kernel = compile_one()
+            info = compiled_numbers(kernel, os.path.join(out_dir, f"{name}.bn{bn}-s{splits}-w{warps}.ptx"))
+            print(f"| {name} | {launch} | {info['registers']} | {info['spill_stores']}/{info['spill_loads']} | "
+                  f"{kernel.metadata.shared} | {info['loop_length']} | "
+                  + " | ".join(str(info["classes"][c]) for c in classes) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

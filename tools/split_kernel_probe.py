@@ -1,0 +1,80 @@
+"""One call of vLLM 0.30.0's sparse attention and of the shim's triton-torch route on the same
+inputs, for a profiler to look at (GPU).
+
+    python3 tools/split_kernel_probe.py [--tp TP4] [--rows 512] [--pages 512,4000] [--calls 2]
+
+Why (session 13): at TP4 512 rows on 0.30.0's tiling (block_n 64, 4 splits, 2 warps) the
+jax-triton split kernel took 374 µs against 0.30.0's 268 µs for the same bits (session 13
+call b, uniformly random tokens over a 512-page pool, 34 MB at TP4: inside the H200's L2),
+although both compile for sm_90 to the same registers, shared memory and tile loop on the
+CPU (``tools/sm90_split_kernel_ab.py``). Run under Nsight Compute (``ncu -k regex:...``), this
+gives each kernel's launch statistics, occupancy and memory traffic; ``--pages`` repeats the
+pair on a pool of each size (512 pages: in L2; 4000: 262 MB at TP4, not), printing the busy
+time per call of each kernel from a profiler trace first (``bench.kernel_trace``) unless
+``--no-trace`` (under ncu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tp", default="TP4")
+    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--pages", default="512,4000")
+    ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--no-trace", action="store_true")
+    a = ap.parse_args()
+
+    import torch
+
+    import qsa_torch_shim as S
+    from bench import kernel_trace
+    from qsa_jax import arg_specs
+    from qsa_testing import originals
+
+    orig = originals.load("0.30.0")
+    geo = arg_specs.GEOMETRIES[a.tp]
+    d, h, w = geo.head_dim, geo.num_query_heads, 2051
+    for nb in (int(p) for p in a.pages.split(",")):
+        g = torch.Generator(device="cuda").manual_seed(nb)
+        kv = torch.randn((nb, geo.num_kv_heads, geo.page_size, 2 * d), device="cuda",
+                         generator=g).to(torch.bfloat16)
+        k, v = kv.transpose(1, 2).split(d, -1)
+        q = torch.randn((a.rows, h, d), device="cuda", generator=g).to(torch.bfloat16)
+        li = torch.randint(0, nb * geo.page_size, (a.rows, w + 1), device="cuda", dtype=torch.int32, generator=g)
+        li[:, -1] = w
+        bt = torch.randperm(nb, device="cuda", dtype=torch.int32, generator=g)[None, :].contiguous()
+        t2r = torch.zeros((a.rows,), device="cuda", dtype=torch.int32)
+        gate = torch.randn((a.rows, h, d), device="cuda", generator=g).to(torch.bfloat16)
+        outs = {}
+        calls = {
+            "original 0.30.0": lambda out: orig.qsa_sparse_paged_attention(
+                q, k, v, li, bt, t2r, False, out, output_gate=gate),
+            "triton-torch": lambda out: S.qsa_sparse_paged_attention(
+                q, k, v, li, bt, t2r, False, out, output_gate=gate, implementation="triton-torch"),
+        }
+        for name, fn in calls.items():
+            out = torch.full_like(q, float("nan"))
+            for _ in range(a.calls):
+                fn(out)
+            torch.cuda.synchronize()
+            outs[name] = out.float()
+            if not a.no_trace:
+                s = kernel_trace.trace_runs(lambda: fn(out), runs=30, calls_per_run=1,
+                                            wait=lambda _: torch.cuda.synchronize())
+                print(f"{a.tp} rows={a.rows} pages={nb} {name}: busy {s.busy_us_per_call:.1f} us "
+                      f"{ {k_: round(v_, 1) for k_, v_ in s.mean_us_by_kernel.items()} }", flush=True)
+        ref, got = outs["original 0.30.0"], outs["triton-torch"]
+        print(f"  pages={nb}: relative difference {((got - ref).norm() / ref.norm()).item():.1e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
