@@ -17,7 +17,7 @@ from bench import inputs as I
 from bench.measure import (TORCH_IMPLS, Context, Draft, JaxCalls, jax_measure, measure_impls, prepare_jax,
                            torch_measure)
 from bench.records import AUTO, ORIGINALS, SHIMS, Case, CaseResult, Check, Workload
-from bench.timing import eager_latency_once_each, sequential_calls
+from bench.timing import eager_latency_once_each, eager_latency_paired, sequential_calls
 from qsa_testing import agreement
 
 # Dequantisation scales of the fp8 rows: other than 1 so that a dropped or swapped
@@ -79,11 +79,12 @@ def _measure_shape(ctx, geo, kv, inp, tt, flag, cases, scales, oracle_kv) -> Ite
         ref, ref_name = _oracle(geo, kv, inp, cfg, scales, oracle_kv), "float64 oracle"
     pre, pre_s = prepare_jax(impls, functools.partial(_jax_calls, kv, inp, flag, scales=scales))
     exact = None
+    paired: dict = {}  # "baseline": the original's eager calls (_measure_torch)
 
     def measure_one(case: Case, draft: Draft) -> Check | None:
         nonlocal ref, ref_name, exact
         if case.impl in TORCH_IMPLS:
-            got = _measure_torch(ctx, case, draft, tt, flag)
+            got = _measure_torch(ctx, case, draft, tt, flag, paired)
         else:
             got = jax_measure(ctx, case, draft, pre[case.impl], pre_s)
         if case.impl in ORIGINALS and ref is None:
@@ -177,7 +178,7 @@ def _jax_calls(kv, inp, flag, impl, *, scales) -> JaxCalls:
                     args=(inp.q, kv, tuple(inp.idx), inp.block_table, inp.token_to_req, inp.gate))
 
 
-def _measure_torch(ctx, case, draft, tt, flag):
+def _measure_torch(ctx, case, draft, tt, flag, paired):
     import torch
 
     from qsa_testing.torch_interop import to_numpy
@@ -187,6 +188,13 @@ def _measure_torch(ctx, case, draft, tt, flag):
     calls = [functools.partial(fn, tt["q"], tt["k"], tt["v"], idx, tt["bt"], tt["t2r"], flag, out, *tt["scales"],
                                output_gate=tt["gate"]) for idx in tt["idx"]]
     got = torch_measure(ctx, case, draft, calls, to_numpy)
+    # The shape's original (0.30.0's, or 0.34.0's where 0.30.0 has no path), measured first,
+    # leaves its calls for the shims: their eager latency timed in turns with it.
+    if case.impl in ORIGINALS:
+        paired.setdefault("baseline", calls)
+    elif case.impl in SHIMS and "baseline" in paired:
+        draft.timing.update(eager_latency_paired(paired["baseline"], calls, lambda _: torch.cuda.synchronize(),
+                                                 count=ctx.eager_calls))
     # vLLM passes new q/gate activations every step (its metadata buffers persist): time
     # calls whose q, gate and indices are tensor objects never seen before (the shim's
     # import cache misses on them). Small shapes only (the clones are made up front).

@@ -140,6 +140,10 @@ class Timing:
     eager_min_s: float | None = None
     eager_calls: int | None = None
     eager_new_tensors_s: float | None = None  # the shim, on tensor objects never seen before
+    # The shim and the case's original timed in alternating blocks (timing.eager_latency_paired):
+    eager_paired_s: float | None = None
+    eager_paired_original_s: float | None = None
+    eager_paired_ratio: float | None = None  # median over the rounds of shim / original
     device_s: float | None = None  # the N-call unit's time / N
     reps: int | None = None
     method: str | None = None  # how device_s was taken

@@ -127,7 +127,10 @@ def markdown(run: RunResult) -> str:
         out += ["## Host cost: eager call of the shim vs the original", "",
                 "Wall time of one call from Python plus a device sync (median). *seen*: every tensor "
                 "object was passed before (a serving loop's persistent buffers); *new tensors*: q, the "
-                "gate and the indices are objects never seen before (vLLM's activations).", "",
+                "gate and the indices are objects never seen before (vLLM's activations); *in turns*: "
+                "the shim and the original timed in alternating blocks of calls (seen objects; "
+                "`bench.timing.eager_latency_paired`), the ratio least moved by drift in the "
+                "machine's state.", "",
                 eager, ""]
     busy = busy_table(run.results)
     if busy:
@@ -193,15 +196,18 @@ def eager_table(results: Sequence[CaseResult]) -> str:
         return ""
     shims = [s for s in order if any(s in v for _, v in rows)]
     # The original: 0.30.0's, or 0.34.0's where 0.30.0 has no path (fp8) or was not timed.
-    head = "".join(f" {s} µs (seen) | × original | {s} µs (new tensors) | × original |" for s in shims)
-    lines = ["| where | rows | prefill cfg | original µs |" + head, "|" + "---|" * (4 + 4 * len(shims))]
+    head = "".join(f" {s} µs (seen) | × original | {s} µs (new tensors) | × original | × original (in turns) |"
+                   for s in shims)
+    lines = ["| where | rows | prefill cfg | original µs |" + head, "|" + "---|" * (4 + 5 * len(shims))]
     for (_, geo, n, flag), v in rows:
         o = next((v[name].eager_s for name in ("original", "original034") if name in v), None)
         ratio = lambda x: f"{x / o:.2f}" if (o and x) else ""  # noqa: E731
         cells = []
         for name in shims:
-            s, f = (v[name].eager_s, v[name].eager_new_tensors_s) if name in v else (None, None)
-            cells.append(f"{_us(s)} | {ratio(s)} | {_us(f)} | {ratio(f)}")
+            t = v.get(name, Timing())
+            turns = f"{t.eager_paired_ratio:.2f}" if t.eager_paired_ratio else ""
+            cells.append(f"{_us(t.eager_s)} | {ratio(t.eager_s)} | {_us(t.eager_new_tensors_s)} "
+                         f"| {ratio(t.eager_new_tensors_s)} | {turns}")
         lines.append(f"| {geo} | {n} | {'yes' if flag else ''} | {_us(o)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

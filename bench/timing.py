@@ -91,7 +91,11 @@ def torch_graph(calls):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # "thread_local": a CUDA call another thread makes meanwhile (JAX's runtime threads live in
+    # this process) does not invalidate this capture. With the default "global" mode one
+    # capture of vLLM 0.34.0's calls failed with cudaErrorStreamCaptureInvalidated in an
+    # H200 run whose other 44 cases captured (session 13, call g; not reproduced on purpose).
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for c in calls:
             c()
     graph.replay()
@@ -164,6 +168,34 @@ def eager_latency(calls, sync, *, count: int) -> dict:
         sync(calls[(i + 1) % len(calls)]())
         times.append(time.perf_counter() - t0)
     return {"eager_s": statistics.median(times), "eager_min_s": min(times), "eager_calls": count}
+
+
+def eager_latency_paired(baseline, calls, sync, *, count: int, rounds: int = 7) -> dict:
+    """Eager latency of ``calls`` and of ``baseline`` (another implementation of the same case),
+    timed in alternating blocks: ``rounds`` rounds, each a block of ``count`` calls + sync of one
+    and then of the other (the order alternates round to round). Returns per side the median
+    over the rounds of each block's median, and ``eager_paired_ratio``: the median over the
+    rounds of calls / baseline within the round (the statistic a drift moves least).
+
+    Why: separate medians taken minutes apart moved the originals' 1-row eager call by up to 2x
+    (119 against 254 us for the same host path, H200, session 13), more than the difference
+    being measured; blocks taken in turns see the same machine state.
+    """
+    for call in (*baseline, *calls):
+        sync(call())
+    medians: dict[str, list] = {"baseline": [], "calls": []}
+    for r in range(rounds):
+        order = (("baseline", baseline), ("calls", calls))
+        for side, fns in (order if r % 2 == 0 else order[::-1]):
+            times = []
+            for i in range(count):
+                t0 = time.perf_counter()
+                sync(fns[i % len(fns)]())
+                times.append(time.perf_counter() - t0)
+            medians[side].append(statistics.median(times))
+    return {"eager_paired_s": statistics.median(medians["calls"]),
+            "eager_paired_original_s": statistics.median(medians["baseline"]),
+            "eager_paired_ratio": statistics.median(c / b for c, b in zip(medians["calls"], medians["baseline"]))}
 
 
 def eager_latency_once_each(calls, sync) -> dict:

@@ -484,10 +484,43 @@ def test_shim_triton_torch_column(monkeypatch):
     table = report.eager_table(res).splitlines()
     assert "shim-tt µs (seen)" in table[0] and "shim-jax" not in table[0]  # columns: the shims timed
     cells = [c.strip() for c in table[-1].strip("|").split("|")]
-    # where, rows, prefill, original, shim, x, shim new, x, shim-tt, x, shim-tt new, x
-    assert cells[3:6] == ["100.0", "200.0", "2.00"] and cells[8:10] == ["80.0", "0.80"], table
+    # where, rows, prefill, original, shim, x, shim new, x, x in turns, shim-tt, x, shim-tt new, x, ...
+    assert cells[3:6] == ["100.0", "200.0", "2.00"] and cells[9:11] == ["80.0", "0.80"], table
+    assert cells[8] == "" and "× original (in turns)" in table[0]  # not timed in turns: blank
     # fp8 (no 0.30.0 path): against 0.34.0
     res = [_result(impl, eager_s=e) for impl, e in (("original034", 50e-6), ("shim-jax", 40e-6))]
     table = report.eager_table(res).splitlines()
     cells = [c.strip() for c in table[-1].strip("|").split("|")]
     assert "shim-jax µs (seen)" in table[0] and cells[3] == "50.0" and cells[4:6] == ["40.0", "0.80"], cells
+
+
+def test_eager_paired_timing_and_its_column():
+    """``timing.eager_latency_paired`` times two implementations in alternating blocks and
+    reports each side's median and the median of the rounds' ratios (here fake calls of ~2 and
+    ~1 ms, whose ratio it must find although a drift slows every call from the fifth round
+    threefold); the eager table shows the shim's in-turns ratio."""
+    import time
+
+    from bench import report, timing
+
+    state = {"calls": 0}
+
+    def fake(ms):
+        def call():
+            state["calls"] += 1
+            slow = 3.0 if state["calls"] > 50 else 1.0  # the machine slows down in round 5
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < ms * slow / 1e3:
+                pass
+        return call
+
+    got = timing.eager_latency_paired([fake(2.0)], [fake(1.0), fake(1.0)], lambda _: None, count=5, rounds=8)
+    assert state["calls"] == 3 + 2 * 8 * 5
+    assert 0.4 < got["eager_paired_ratio"] < 0.6, got
+    assert got["eager_paired_s"] < got["eager_paired_original_s"]
+
+    res = [_result("original", eager_s=100e-6),
+           _result("shim", eager_s=200e-6, eager_paired_s=90e-6, eager_paired_original_s=120e-6,
+                   eager_paired_ratio=0.75)]
+    cells = [c.strip() for c in report.eager_table(res).splitlines()[-1].strip("|").split("|")]
+    assert cells[4:6] == ["200.0", "2.00"] and cells[8] == "0.75", cells
