@@ -243,7 +243,7 @@ def _launches(problem, plan):
     k = _kernels()
     t = None  # a tensor slot
     split = P.TritonLaunch(k.sparse_attention_split_kernel,
-                           (t,) * 8 + (problem.num_rows, problem.num_requests, problem.kv.num_pages, t, t),
+                           (t,) * 8 + (problem.num_rows, problem.num_requests - 1, problem.kv.num_pages, t, t),
                            dict(plan.split_meta))
     merge = None if plan.merge_grid is None else P.TritonLaunch(
         k.sparse_attention_merge_kernel, (t, t, t, problem.num_rows, t), dict(plan.merge_meta))

@@ -622,7 +622,7 @@ def test_triton_kernel_compiles_for_sm90(fmt):
                  BLOCK_M=16, BLOCK_N=32, NUM_TILES=65, NUM_SPLITS=64, PREFETCH=True, SCALED=fmt != "bf16", FP8=fp8,
                  KV_BYTES=fmt == "e4m3_bytes")
     types = dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, idx_ptr="*i32", bt_ptr="*i32", req_ptr="*i32",
-                 gate_ptr="*bf16", scale_ptr="*fp32", num_rows="i32", num_requests="i32", num_pages="i32",
+                 gate_ptr="*bf16", scale_ptr="*fp32", num_rows="i32", last_request="i32", num_pages="i32",
                  o_ptr="*fp32", lse_ptr="*fp32")
     names = list(inspect.signature(K.sparse_attention_split_kernel.fn).parameters)
     signature = {n: "constexpr" if n in const else types[n] for n in names}

@@ -61,7 +61,9 @@ def _signature(fn, pointers, constexprs, ints, rule):
     return signature, attrs
 
 
-def ours(geo, rows, block_n, splits, warps, rule):
+def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, stages=2):
+    """Our split kernel compiled for sm_90 at one launch (bf16 cache, or e4m3 with the k/v
+    scales when ``fp8``; ``requests`` defaults to ``REQUESTS``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -70,17 +72,19 @@ def ours(geo, rows, block_n, splits, warps, rule):
     fn = K.sparse_attention_split_kernel
     d, group, heads, hk = geo.head_dim, geo.num_query_heads // geo.num_kv_heads, geo.num_query_heads, geo.num_kv_heads
     out = "*bf16" if splits == 1 else "*fp32"
-    pointers = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", idx_ptr="*i32", bt_ptr="*i32",
-                    req_ptr="*i32", gate_ptr="*bf16", scale_ptr="*i32", o_ptr=out, lse_ptr="*fp32")
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    pointers = dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, idx_ptr="*i32", bt_ptr="*i32",
+                    req_ptr="*i32", gate_ptr="*bf16", scale_ptr="*fp32" if fp8 else "*i32", o_ptr=out,
+                    lse_ptr="*fp32")
     constexprs = dict(W=W, PAGE=PAGE, BTW=BTW, GROUP=group, HEADS=heads, D=d, Q_ROW_STRIDE=heads,
                       Q_HEAD_STRIDE=1, Q_OFFSET=0, STRIDE_PAGE=hk * PAGE * 2 * d, STRIDE_TOKEN=2 * d,
                       STRIDE_HEAD=PAGE * 2 * d, V_OFFSET=d, BLOCK_M=triton.next_power_of_2(group),
                       BLOCK_N=block_n, NUM_TILES=-(-W // block_n), NUM_SPLITS=splits, PREFETCH=False,
-                      SCALED=False, FP8=False, KV_BYTES=False)
-    ints = dict(num_rows=rows, num_requests=REQUESTS, num_pages=NUM_PAGES)
+                      SCALED=fp8, FP8=fp8, KV_BYTES=False)
+    ints = dict(num_rows=rows, last_request=(REQUESTS if requests is None else requests) - 1, num_pages=NUM_PAGES)
     signature, attrs = _signature(fn, pointers, constexprs, ints, rule)
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=2))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
 def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule):

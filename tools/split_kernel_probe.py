@@ -11,7 +11,9 @@ CPU (``tools/sm90_split_kernel_ab.py``). Run under Nsight Compute (``ncu -k rege
 gives each kernel's launch statistics, occupancy and memory traffic; ``--pages`` repeats the
 pair on a pool of each size (512 pages: in L2; 4000: 262 MB at TP4, not), printing the busy
 time per call of each kernel from a profiler trace first (``bench.kernel_trace``) unless
-``--no-trace`` (under ncu).
+``--no-trace`` (under ncu). ``--jax`` adds qsa_jax's ``implementation="triton"`` called through
+JAX at 0.30.0's tiling (``jax_triton.triton_call`` compiles its own specialisation; the kernel
+trace then also holds the result's copy into torch, a few µs).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> int:
     ap.add_argument("--pages", default="512,4000")
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--jax", action="store_true", help="also qsa_jax's 'triton' through JAX at 0.30.0's tiling")
     a = ap.parse_args()
 
     import torch
@@ -60,6 +63,18 @@ def main() -> int:
             "triton-torch": lambda out: S.qsa_sparse_paged_attention(
                 q, k, v, li, bt, t2r, False, out, output_gate=gate, implementation="triton-torch"),
         }
+        if a.jax:  # qsa_jax's "triton" through JAX (jax_triton.triton_call) at 0.30.0's tiling
+            import jax
+            import qsa_jax
+
+            cfg = tuple(qsa_jax.select_config(a.rows, geo.num_kv_heads, False, w, table="vllm-0.30"))
+            jargs = [jax.dlpack.from_dlpack(x) for x in (q, kv, li, bt, t2r, gate)]
+            fn = jax.jit(lambda *x: qsa_jax.sparse_attention(*x, use_prefill_config=False, config=cfg,
+                                                             implementation="triton"))
+
+            def via_jax(out, fn=fn, jargs=jargs):
+                out.copy_(torch.from_dlpack(jax.block_until_ready(fn(*jargs))))
+            calls["jax triton"] = via_jax
         for name, fn in calls.items():
             out = torch.full_like(q, float("nan"))
             for _ in range(a.calls):
@@ -71,8 +86,11 @@ def main() -> int:
                                             wait=lambda _: torch.cuda.synchronize())
                 print(f"{a.tp} rows={a.rows} pages={nb} {name}: busy {s.busy_us_per_call:.1f} us "
                       f"{ {k_: round(v_, 1) for k_, v_ in s.mean_us_by_kernel.items()} }", flush=True)
-        ref, got = outs["original 0.30.0"], outs["triton-torch"]
-        print(f"  pages={nb}: relative difference {((got - ref).norm() / ref.norm()).item():.1e}", flush=True)
+        ref = outs["original 0.30.0"]
+        for name, got in outs.items():
+            if name != "original 0.30.0":
+                print(f"  pages={nb} {name}: relative difference {((got - ref).norm() / ref.norm()).item():.1e}",
+                      flush=True)
     return 0
 
 

@@ -47,8 +47,9 @@ class LaunchPlan:
     logical_indices, block_table, token_to_req, the gate ([R, H, D]), the scale pair (fp32
     ``[score scale, output scale]``, ``base.scale_operand``; any array when the problem is not
     ``scaled``; for the fused cache K and V are both the fused buffer, V at ``V_OFFSET``),
-    rows, requests, pages, then the outputs (``out_shapes``); the merge takes the partials,
-    their lse, the gate and rows, then its output ([R, H, D] bf16)."""
+    rows, requests - 1 (the largest valid request id), pages, then the outputs
+    (``out_shapes``); the merge takes the partials, their lse, the gate and rows, then its
+    output ([R, H, D] bf16)."""
 
     split_grid: tuple[int, int, int]
     split_meta: tuple[tuple[str, object], ...]  # constexprs, num_warps and num_stages
@@ -111,7 +112,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     partial, lse = _jt.triton_call(
         # Without scales the kernel never reads scale_ptr: any array fills the slot.
         q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
-        scales if p.scaled else token_to_req, rows, p.num_requests, p.kv.num_pages,
+        scales if p.scaled else token_to_req, rows, p.num_requests - 1, p.kv.num_pages,
         kernel=_k.sparse_attention_split_kernel,
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in plan.out_shapes],
         grid=plan.split_grid,

@@ -15,15 +15,17 @@ Two kernels:
 Every launch parameter that depends on the deployment (widths, page size,
 strides, tiling) is a compile-time constant; the three values that change with
 the batch (rows, requests, cache pages) are runtime scalars so that a new
-batch size does not compile a new kernel. Rows and requests are also kept out
-of Triton's integer specialisation (``do_not_specialize``), as vLLM's kernels
-keep them: the JIT otherwise compiles a variant for a value of 1 (one request,
-one row) and for multiples of 16, and the one-request variant of the split
-kernel spilled 308 B per thread at 0.30.0's TP4 512-row launch (64-wide tiles,
-4 splits, 2 warps) against 32 B without it -- 374 against 268 us on an H200
-(session 13; ``tools/sm90_split_kernel_ab.py`` shows it without a GPU).
-``jax_triton.triton_call`` makes any scalar equal to 1 a constant regardless,
-so through JAX the one-request variant remains (notes/triton.md, session 13).
+batch size does not compile a new kernel. The request count arrives as the
+largest valid request id (``last_request`` = requests - 1), and rows and
+``last_request`` are kept out of Triton's integer specialisation
+(``do_not_specialize``, as vLLM's kernels keep rows and requests). Why: Triton's
+JIT, and ``jax_triton.triton_call`` whatever a kernel lists, turn an integer
+argument equal to 1 into a constant, and with one request as the constant
+``num_requests == 1`` the split kernel spilled 308 B per thread at 0.30.0's
+TP4 512-row launch (64-wide tiles, 4 splits, 2 warps; vLLM's kernel: 28 B) --
+374 against 268 us on an H200 (session 13). ``last_request`` is 0 there (never
+made a constant); a constant ``last_request == 1`` (two requests, through JAX)
+compiles like any other count (``tools/sm90_split_kernel_ab.py``, no GPU needed).
 
 Safety: an entry's K/V are loaded only under its validity mask, so the bytes
 of unreferenced pages (garbage, NaN) never enter a register. Cache offsets are
@@ -67,12 +69,12 @@ def _e4m3(tile, KV_BYTES: tl.constexpr):
     return tile
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests"])
+@triton.jit(do_not_specialize=["num_rows", "last_request"])
 def sparse_attention_split_kernel(
     # inputs
     q_ptr, k_ptr, v_ptr, idx_ptr, bt_ptr, req_ptr, gate_ptr,
     scale_ptr,  # SCALED: fp32 [score scale (log2 units), output scale]; else unused
-    num_rows, num_requests, num_pages,
+    num_rows, last_request, num_pages,  # last_request: the number of requests - 1
     # outputs: ONE_SPLIT -> (out bf16 [R,H,D], unused); else (partials f32 [S,R,H,D], lse f32 [S,R,H])
     o_ptr, lse_ptr,
     W: tl.constexpr,  # selection columns (the count sits in column W)
@@ -102,8 +104,8 @@ def sparse_attention_split_kernel(
     split = tl.program_id(2)
 
     req = tl.load(req_ptr + row)
-    req_ok = (req >= 0) & (req < num_requests)
-    bt_row_offset = tl.minimum(tl.maximum(req, 0), num_requests - 1) * BTW
+    req_ok = (req >= 0) & (req <= last_request)
+    bt_row_offset = tl.minimum(tl.maximum(req, 0), last_request) * BTW
     idx_row_offset = row * (W + 1)
     count = tl.minimum(tl.load(idx_ptr + idx_row_offset + W), W)
     # Tiles this row consumes; a count <= 0 gives none.
