@@ -258,61 +258,68 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
     for mod in (stri, ctri, sttri):
         mod._jt = jax_triton
     failures = 0
-    for case, expected in golden.sparse_attention_cases():
-        cost = case.q.shape[0] * case.selection_width * case.q.shape[1]
-        # Small edge cases run whatever their row count: they hold the invalid requests, pages
-        # and counts that the kernels' range checks exist for.
-        small_edge = case.name.startswith("edge") and cost <= max_cost // 10
-        if (case.q.shape[0] > max_rows and not small_edge) or cost > max_cost:
-            continue
-        qkv, start = C.qkv_with_query(case.q, case.kv_cache.shape[1], leading_heads=1)
-        strided = sbase.StridedQuery.from_columns(qkv, start=start, num_heads=case.q.shape[1],
-                                                  head_dim=case.q.shape[2])
-        for layout in ("fused", "split", "fused+strided_q"):
-            kv = case.split_caches() if layout == "split" else case.kv_cache
-            q = strided if layout.endswith("strided_q") else case.q
-            problem = sbase.check_sparse_attention_args(
-                q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
-                use_prefill_config=case.use_prefill_config, config=None)
-            _, arrays = sbase.as_kv_layout(kv)
-            arrays = tuple(jnp.asarray(a) for a in arrays)
-            try:
-                got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
-                               jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
-                               jnp.asarray(case.output_gate))
-                err = assert_fidelity(np.asarray(got), expected, what=f"{case.name}/{layout}")["rel_err"]
-                print(f"sparse_attention {case.name} {layout} cfg={tuple(problem.config)} rel_err={err:.2e}")
-            except AssertionError as exc:
-                failures += 1
-                print("FAIL", exc)
-    # Fresh inputs with poison that shows: the goldens hold NaN in K as well, which turns a stray
-    # read into an empty split and an exact zero (docs/spec.md §6.5), so an invalid request read
-    # through a clamped block-table row would pass them.
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"fresh_edge seed {seed}")
-    rng = np.random.default_rng(seed)
-    case = C.sparse_attention_case(rng, name="fresh_edge", rows=10, num_query_heads=4, num_kv_heads=2,
-                                   head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
-                                   num_requests=4)
-    case = C.poison_unread_values(C.add_edge_rows(rng, case))
-    problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
-                                                case.token_to_req, case.output_gate, use_prefill_config=False,
-                                                config=None)
-    cfg = problem.config
-    k, v = case.split_caches()
-    expected = oracle.sparse_attention_oracle(case.q, k, v, case.logical_indices, case.block_table,
-                                              case.token_to_req, case.output_gate, block_n=cfg.block_n,
-                                              num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
-    try:
-        got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
-                       jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
-                       jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
-        err = assert_fidelity(np.asarray(got), expected, what="fresh_edge vs oracle")["rel_err"]
-        print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
-    except AssertionError as exc:
-        failures += 1
-        print("FAIL", exc)
-    failures += _interpret_fp8_cases(sbase, stri)
+    # Both forms of the split kernel's tile loop (config.triton_tile_induction picks one per
+    # launch; the small cases here would mostly take the induction form): the same tiles in
+    # the same order, so each must give the goldens' bits.
+    for form in (True, False):
+        stri.triton_tile_induction = lambda *_args, form=form: form
+        stri._launch_plan.cache_clear()
+        print(f"tile loop: {'induction' if form else 'counter'} form")
+        for case, expected in golden.sparse_attention_cases():
+            cost = case.q.shape[0] * case.selection_width * case.q.shape[1]
+            # Small edge cases run whatever their row count: they hold the invalid requests, pages
+            # and counts that the kernels' range checks exist for.
+            small_edge = case.name.startswith("edge") and cost <= max_cost // 10
+            if (case.q.shape[0] > max_rows and not small_edge) or cost > max_cost:
+                continue
+            qkv, start = C.qkv_with_query(case.q, case.kv_cache.shape[1], leading_heads=1)
+            strided = sbase.StridedQuery.from_columns(qkv, start=start, num_heads=case.q.shape[1],
+                                                      head_dim=case.q.shape[2])
+            for layout in ("fused", "split", "fused+strided_q"):
+                kv = case.split_caches() if layout == "split" else case.kv_cache
+                q = strided if layout.endswith("strided_q") else case.q
+                problem = sbase.check_sparse_attention_args(
+                    q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+                    use_prefill_config=case.use_prefill_config, config=None)
+                _, arrays = sbase.as_kv_layout(kv)
+                arrays = tuple(jnp.asarray(a) for a in arrays)
+                try:
+                    got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
+                                   jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
+                                   jnp.asarray(case.output_gate))
+                    err = assert_fidelity(np.asarray(got), expected, what=f"{case.name}/{layout}")["rel_err"]
+                    print(f"sparse_attention {case.name} {layout} cfg={tuple(problem.config)} rel_err={err:.2e}")
+                except AssertionError as exc:
+                    failures += 1
+                    print("FAIL", exc)
+        # Fresh inputs with poison that shows: the goldens hold NaN in K as well, which turns a stray
+        # read into an empty split and an exact zero (docs/spec.md §6.5), so an invalid request read
+        # through a clamped block-table row would pass them.
+        seed = int.from_bytes(os.urandom(4), "little")
+        print(f"fresh_edge seed {seed}")
+        rng = np.random.default_rng(seed)
+        case = C.sparse_attention_case(rng, name="fresh_edge", rows=10, num_query_heads=4, num_kv_heads=2,
+                                       head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
+                                       num_requests=4)
+        case = C.poison_unread_values(C.add_edge_rows(rng, case))
+        problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                                    case.token_to_req, case.output_gate, use_prefill_config=False,
+                                                    config=None)
+        cfg = problem.config
+        k, v = case.split_caches()
+        expected = oracle.sparse_attention_oracle(case.q, k, v, case.logical_indices, case.block_table,
+                                                  case.token_to_req, case.output_gate, block_n=cfg.block_n,
+                                                  num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
+        try:
+            got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
+                           jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
+                           jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
+            err = assert_fidelity(np.asarray(got), expected, what="fresh_edge vs oracle")["rel_err"]
+            print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
+        except AssertionError as exc:
+            failures += 1
+            print("FAIL", exc)
+        failures += _interpret_fp8_cases(sbase, stri)
     for case, pooled, first in golden.compress_cases():
         if case.token_to_req.shape[0] > 64:
             continue
@@ -606,3 +613,30 @@ def test_split_kernel_compiles_for_sm90_without_the_one_request_spills(tmp_path)
             got = AB.compiled_numbers(AB.ours(geo, 512, 64, 4, 2, rule, requests=requests),
                                       str(tmp_path / f"{rule}{requests}.ptx"))
             assert int(got["spill_stores"]) <= 64, (rule, requests, got)
+
+
+def test_split_kernel_tile_loop_form_per_launch(tmp_path):
+    """``config.triton_tile_induction``: where a split walks at most two tiles (1-8 rows at
+    vLLM's 64 splits) the tile loop takes the tile as its induction variable, which compiles
+    for sm_90 to half the loop of the counter form (vLLM's size; 1.0-1.8 us of the split
+    kernel on an H200, session 13); with many tiles per split (64 rows up) the counter form,
+    faster there for fp8's one-warp launches. Checked as compiled: the default against each
+    form forced."""
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(REPO / "tools"))
+    import sm90_split_kernel_ab as AB
+
+    from qsa_jax import arg_specs, config
+
+    assert config.triton_tile_induction(65, 64) and config.triton_tile_induction(33, 33)
+    assert not config.triton_tile_induction(65, 4) and not config.triton_tile_induction(33, 1)
+    geo = arg_specs.GEOMETRIES["TP1"]
+
+    def loop(rows, launch, induction):
+        bn, splits, warps = launch
+        kernel = AB.ours(geo, rows, bn, splits, warps, "jit", induction=induction)
+        return AB.compiled_numbers(kernel, str(tmp_path / f"{rows}-{induction}.ptx"))["loop_length"]
+
+    few = loop(1, (32, 64, 4), None)
+    assert few == loop(1, (32, 64, 4), True) and few < 0.6 * loop(1, (32, 64, 4), False)
+    assert loop(64, (32, 4, 1), None) == loop(64, (32, 4, 1), False)

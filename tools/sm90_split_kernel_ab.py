@@ -61,12 +61,14 @@ def _signature(fn, pointers, constexprs, ints, rule):
     return signature, attrs
 
 
-def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, stages=2):
+def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, stages=2, induction=None):
     """Our split kernel compiled for sm_90 at one launch (bf16 cache, or e4m3 with the k/v
-    scales when ``fp8``; ``requests`` defaults to ``REQUESTS``)."""
+    scales when ``fp8``; ``requests`` defaults to ``REQUESTS``; ``induction``: the tile loop's
+    form, default ``config.triton_tile_induction``'s choice)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
+    from qsa_jax import config
     from qsa_jax.ops.sparse_attention import triton_kernels as K
 
     fn = K.sparse_attention_split_kernel
@@ -80,7 +82,10 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
                       Q_HEAD_STRIDE=1, Q_OFFSET=0, STRIDE_PAGE=hk * PAGE * 2 * d, STRIDE_TOKEN=2 * d,
                       STRIDE_HEAD=PAGE * 2 * d, V_OFFSET=d, BLOCK_M=triton.next_power_of_2(group),
                       BLOCK_N=block_n, NUM_TILES=-(-W // block_n), NUM_SPLITS=splits, PREFETCH=False,
+                      TILE_INDUCTION=config.triton_tile_induction(-(-W // block_n), splits) if induction is None
+                      else induction,
                       SCALED=fp8, FP8=fp8, KV_BYTES=False)
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # older kernels: fewer
     ints = dict(num_rows=rows, last_request=(REQUESTS if requests is None else requests) - 1, num_pages=NUM_PAGES)
     signature, attrs = _signature(fn, pointers, constexprs, ints, rule)
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)

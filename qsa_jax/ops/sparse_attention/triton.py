@@ -26,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from qsa_jax.config import device_capability, next_pow2, triton_launch, triton_tiling
+from qsa_jax.config import device_capability, next_pow2, triton_launch, triton_tile_induction, triton_tiling
 from qsa_jax.ops import _triton_support
 from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem
 
@@ -85,6 +85,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
         Q_OFFSET=p.queries.offset, BLOCK_M=next_pow2(p.group_size), BLOCK_N=cfg.block_n,
         NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
         PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
+        TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
         KV_BYTES=p.kv_format == "e4m3_bytes", **strides)
     if splits == 1:
         return LaunchPlan((rows, kv.num_kv_heads, 1), tuple(split_meta.items()),
