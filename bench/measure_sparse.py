@@ -79,7 +79,7 @@ def _measure_shape(ctx, geo, kv, inp, tt, flag, cases, scales, oracle_kv) -> Ite
         ref, ref_name = _oracle(geo, kv, inp, cfg, scales, oracle_kv), "float64 oracle"
     pre, pre_s = prepare_jax(impls, functools.partial(_jax_calls, kv, inp, flag, scales=scales))
     exact = None
-    paired: dict = {}  # "baseline": the original's eager calls (_measure_torch)
+    paired: dict = {}  # "baseline": (the first original's name, its eager calls) (_measure_torch)
 
     def measure_one(case: Case, draft: Draft) -> Check | None:
         nonlocal ref, ref_name, exact
@@ -191,10 +191,11 @@ def _measure_torch(ctx, case, draft, tt, flag, paired):
     # The shape's original (0.30.0's, or 0.34.0's where 0.30.0 has no path), measured first,
     # leaves its calls for the shims: their eager latency timed in turns with it.
     if case.impl in ORIGINALS:
-        paired.setdefault("baseline", calls)
+        paired.setdefault("baseline", (case.impl, calls))
     elif case.impl in SHIMS and "baseline" in paired:
-        draft.timing.update(eager_latency_paired(paired["baseline"], calls, lambda _: torch.cuda.synchronize(),
-                                                 count=ctx.eager_calls))
+        name, baseline = paired["baseline"]
+        draft.timing.update(eager_latency_paired(baseline, calls, lambda _: torch.cuda.synchronize(),
+                                                 count=ctx.eager_calls), eager_paired_with=name)
     # vLLM passes new q/gate activations every step (its metadata buffers persist): time
     # calls whose q, gate and indices are tensor objects never seen before (the shim's
     # import cache misses on them). Small shapes only (the clones are made up front).

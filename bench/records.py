@@ -144,6 +144,7 @@ class Timing:
     eager_paired_s: float | None = None
     eager_paired_original_s: float | None = None
     eager_paired_ratio: float | None = None  # median over the rounds of shim / original
+    eager_paired_with: str | None = None  # which original ("original": 0.30.0, "original034")
     device_s: float | None = None  # the N-call unit's time / N
     reps: int | None = None
     method: str | None = None  # how device_s was taken

@@ -177,9 +177,9 @@ def eager_latency_paired(baseline, calls, sync, *, count: int, rounds: int = 7) 
     over the rounds of each block's median, and ``eager_paired_ratio``: the median over the
     rounds of calls / baseline within the round (the statistic a drift moves least).
 
-    Why: separate medians taken minutes apart moved the originals' 1-row eager call by up to 2x
-    (119 against 254 us for the same host path, H200, session 13), more than the difference
-    being measured; blocks taken in turns see the same machine state.
+    Why: separate medians taken minutes apart moved an original's 1-row eager call by up to 1.5x
+    between runs (vLLM 0.30.0 at TP4: 254 against 170 us, H200, session 13 calls f and g), more
+    than the difference being measured; blocks taken in turns see the same machine state.
     """
     for call in (*baseline, *calls):
         sync(call())

@@ -575,8 +575,8 @@ def triton_tile_induction(num_tiles: int, num_splits: int) -> bool:
     at 1-8 rows on 0.30.0's tiling (64 splits of 65 tiles, 4 warps) the induction form took
     7.0 / 19.1 us (TP1) and 7.0 / 9.1 us (TP4) against the counter's 8.4 / 20.9 and 8.0 / 10.3
     (vLLM 0.30.0's kernel: 5.9 / 17.4, 5.4 / 7.7); from 64 rows, where splits walk 9-33 tiles,
-    bf16 was level (within 1%) and the fp8 table's one-warp launches slower with it (TP1 64 /
-    512 / 2048 rows: 74.8 / 344.6 / 1341 against 65.8 / 315.6 / 1229 us). The compiled loops
+    bf16 was within 4% and the fp8 table's one-warp launches slower with it (TP1 64 / 512 /
+    2048 rows: 74.8 / 344.6 / 1341 against 65.8 / 315.6 / 1229 us). The compiled loops
     (``tools/sm90_split_kernel_ab.py``): 389 against 842 SASS instructions at one row, vLLM's 383.
     Never with the index prefetch (its loop carries the next tile's indices)."""
     return -(-num_tiles // num_splits) <= 2

@@ -497,8 +497,8 @@ def test_shim_triton_torch_column(monkeypatch):
 def test_eager_paired_timing_and_its_column():
     """``timing.eager_latency_paired`` times two implementations in alternating blocks and
     reports each side's median and the median of the rounds' ratios (here fake calls of ~2 and
-    ~1 ms, whose ratio it must find although a drift slows every call from the fifth round
-    threefold); the eager table shows the shim's in-turns ratio."""
+    ~1 ms, whose ratio it must find although a drift slows every call threefold from the middle
+    of the fifth round on); the eager table shows the shim's in-turns ratio."""
     import time
 
     from bench import report, timing
@@ -508,7 +508,7 @@ def test_eager_paired_timing_and_its_column():
     def fake(ms):
         def call():
             state["calls"] += 1
-            slow = 3.0 if state["calls"] > 50 else 1.0  # the machine slows down in round 5
+            slow = 3.0 if state["calls"] > 50 else 1.0  # the machine slows down during round 5
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < ms * slow / 1e3:
                 pass
@@ -517,7 +517,9 @@ def test_eager_paired_timing_and_its_column():
     got = timing.eager_latency_paired([fake(2.0)], [fake(1.0), fake(1.0)], lambda _: None, count=5, rounds=8)
     assert state["calls"] == 3 + 2 * 8 * 5
     assert 0.4 < got["eager_paired_ratio"] < 0.6, got
-    assert got["eager_paired_s"] < got["eager_paired_original_s"]
+    # Each side's median over the rounds mixes slow and fast rounds (four of each here): both
+    # come out near 2 ms, blind to the 2x between them -- why the ratio is taken per round.
+    assert 0.75 < got["eager_paired_s"] / got["eager_paired_original_s"] < 1.35, got
 
     res = [_result("original", eager_s=100e-6),
            _result("shim", eager_s=200e-6, eager_paired_s=90e-6, eager_paired_original_s=120e-6,

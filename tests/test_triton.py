@@ -18,6 +18,7 @@ and timing against the originals and prints a table (see notes/triton.md).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -259,12 +260,17 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
         mod._jt = jax_triton
     failures = 0
     # Both forms of the split kernel's tile loop (config.triton_tile_induction picks one per
-    # launch; the small cases here would mostly take the induction form): the same tiles in
+    # launch; the small cases here would mostly take the induction form), and the counter form
+    # with the next tile's index prefetch (a launch= knob, off by default): the same tiles in
     # the same order, so each must give the goldens' bits.
-    for form in (True, False):
+    default_launch = stri.triton_launch
+    for form, prefetch in ((True, False), (False, False), (False, True)):
         stri.triton_tile_induction = lambda *_args, form=form: form
+        stri.triton_launch = lambda problem, prefetch=prefetch: dataclasses.replace(
+            default_launch(problem), prefetch=prefetch)
         stri._launch_plan.cache_clear()
-        print(f"tile loop: {'induction' if form else 'counter'} form")
+        print(f"tile loop: {'induction' if form else 'counter'} form{', prefetch' if prefetch else ''}")
+        forms_seen = set()
         for case, expected in golden.sparse_attention_cases():
             cost = case.q.shape[0] * case.selection_width * case.q.shape[1]
             # Small edge cases run whatever their row count: they hold the invalid requests, pages
@@ -283,6 +289,8 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
                     use_prefill_config=case.use_prefill_config, config=None)
                 _, arrays = sbase.as_kv_layout(kv)
                 arrays = tuple(jnp.asarray(a) for a in arrays)
+                meta = dict(stri.launch_plan(problem).split_meta)
+                forms_seen.add((meta["TILE_INDUCTION"], meta["PREFETCH"]))
                 try:
                     got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
                                    jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
@@ -320,6 +328,10 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
             failures += 1
             print("FAIL", exc)
         failures += _interpret_fp8_cases(sbase, stri)
+        if forms_seen != {(form, prefetch)}:  # the patches above must reach the launches
+            failures += 1
+            print("FAIL launches took", forms_seen, "not", (form, prefetch))
+    stri.triton_launch = default_launch
     for case, pooled, first in golden.compress_cases():
         if case.token_to_req.shape[0] > 64:
             continue
@@ -584,14 +596,6 @@ def gpu_report(argv) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    if "--interpret" in sys.argv:
-        rest = sys.argv[sys.argv.index("--interpret") + 1:]
-        sys.exit(interpret_main(int(rest[0]) if rest else 12))
-    if "--gpu-report" in sys.argv:
-        sys.exit(gpu_report(sys.argv[sys.argv.index("--gpu-report") + 1:]))
-
-
 def test_split_kernel_compiles_for_sm90_without_the_one_request_spills(tmp_path):
     """Session 13 (H200): at vLLM 0.30.0's TP4 512-row launch (64-wide tiles, 4 splits, 2
     warps) with one request, Triton's JIT made the request count (1) a constant and the split
@@ -607,12 +611,36 @@ def test_split_kernel_compiles_for_sm90_without_the_one_request_spills(tmp_path)
 
     from qsa_jax import arg_specs
 
+    from qsa_jax.ops.sparse_attention import triton_kernels as K
+
+    # Not for the spills (a constant last_request compiles like any count): without the list,
+    # Triton's JIT compiles a new variant when a batch has one row or a multiple of 16 rows,
+    # or two requests (last_request == 1) -- a compile inside a serving step.
+    kept_out = {p.name for p in K.sparse_attention_split_kernel.params if p.do_not_specialize}
+    assert kept_out == {"num_rows", "last_request"}, kept_out
     geo = arg_specs.GEOMETRIES["TP4"]
     for rule in ("jit", "jax-triton"):
         for requests in (1, 2):
             got = AB.compiled_numbers(AB.ours(geo, 512, 64, 4, 2, rule, requests=requests),
                                       str(tmp_path / f"{rule}{requests}.ptx"))
             assert int(got["spill_stores"]) <= 64, (rule, requests, got)
+
+
+def _tp1_problem(rows, g):
+    """A sparse-attention problem at the TP1 geometry on vLLM 0.30.0's table (shapes only)."""
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention import base as sbase
+
+    w = 2051
+    cfg = qsa_jax.select_config(rows, g.num_kv_heads, False, w, table="vllm-0.30")
+    s = jax.ShapeDtypeStruct
+    return sbase.check_sparse_attention_args(
+        s((rows, g.num_query_heads, g.head_dim), jnp.bfloat16),
+        s((64, g.num_kv_heads, g.page_size, 2 * g.head_dim), jnp.bfloat16),
+        s((rows, w + 1), jnp.int32), s((2, 64), jnp.int32), s((rows,), jnp.int32),
+        s((rows, g.num_query_heads * g.head_dim), jnp.bfloat16), use_prefill_config=False, config=tuple(cfg))
 
 
 def test_split_kernel_tile_loop_form_per_launch(tmp_path):
@@ -637,6 +665,25 @@ def test_split_kernel_tile_loop_form_per_launch(tmp_path):
         kernel = AB.ours(geo, rows, bn, splits, warps, "jit", induction=induction)
         return AB.compiled_numbers(kernel, str(tmp_path / f"{rows}-{induction}.ptx"))["loop_length"]
 
-    few = loop(1, (32, 64, 4), None)
-    assert few == loop(1, (32, 64, 4), True) and few < 0.6 * loop(1, (32, 64, 4), False)
-    assert loop(64, (32, 4, 1), None) == loop(64, (32, 4, 1), False)
+    # The form each launch gets, read from the launch plan the kernels are launched with
+    # (TP1, 0.30.0's table: 1 row -> 64 splits of 65 tiles, 64 rows -> 4 splits).
+    from qsa_jax.ops.sparse_attention import triton as stri
+
+    def planned(rows):
+        g = arg_specs.GEOMETRIES["TP1"]
+        problem = _tp1_problem(rows, g)
+        meta = dict(stri._launch_plan(problem, (9, 0)).split_meta)
+        assert (meta["BLOCK_N"], meta["NUM_SPLITS"], meta["num_warps"]) == {1: (32, 64, 4), 64: (32, 4, 1)}[rows]
+        return meta["TILE_INDUCTION"]
+
+    few, many = planned(1), planned(64)
+    assert few is True and many is False
+    assert loop(1, (32, 64, 4), few) < 0.6 * loop(1, (32, 64, 4), not few)
+
+
+if __name__ == "__main__":
+    if "--interpret" in sys.argv:
+        rest = sys.argv[sys.argv.index("--interpret") + 1:]
+        sys.exit(interpret_main(int(rest[0]) if rest else 12))
+    if "--gpu-report" in sys.argv:
+        sys.exit(gpu_report(sys.argv[sys.argv.index("--gpu-report") + 1:]))

@@ -85,8 +85,11 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
                       TILE_INDUCTION=config.triton_tile_induction(-(-W // block_n), splits) if induction is None
                       else induction,
                       SCALED=fp8, FP8=fp8, KV_BYTES=False)
-    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # older kernels: fewer
-    ints = dict(num_rows=rows, last_request=(REQUESTS if requests is None else requests) - 1, num_pages=NUM_PAGES)
+    # A kernel without TILE_INDUCTION (before session 13's loop forms) takes the others.
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+    requests = REQUESTS if requests is None else requests
+    # num_requests: what the split kernel took before session 13's last_request (git history).
+    ints = dict(num_rows=rows, last_request=requests - 1, num_requests=requests, num_pages=NUM_PAGES)
     signature, attrs = _signature(fn, pointers, constexprs, ints, rule)
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
