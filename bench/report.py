@@ -6,7 +6,7 @@ import pathlib
 from collections.abc import Sequence
 
 from bench import summarize
-from bench.records import AUTO, CaseResult, RunResult, Timing, write_json
+from bench.records import AUTO, ORIGINALS, SHIMS, CaseResult, RunResult, Timing, write_json
 
 IMPL_ORDER = ("original", "original034", "xla", "pallas", "triton", AUTO, "shim", "shim-tt", "shim-jax")
 COLORS = {"original": "black", "original034": "tab:gray", "triton": "tab:blue", "pallas": "tab:orange", "xla": "tab:green",
@@ -188,19 +188,18 @@ def eager_table(results: Sequence[CaseResult]) -> str:
     a pair of columns (objects seen before, new tensor objects) for each shim timed -- "shim"
     (no implementation=: the default route), "shim-tt" (triton-torch), "shim-jax" (the JAX
     route)."""
-    order = ("shim", "shim-tt", "shim-jax")
     by_case = _by_case(results, lambda r: (r.case.op == "sparse_attention"
-                                           and r.case.impl in ("original", "original034", *order) and r.timing.eager_s))
-    rows = [(k, v) for k, v in by_case.items() if any(s in v for s in order)]
+                                           and r.case.impl in (*ORIGINALS, *SHIMS) and r.timing.eager_s))
+    rows = [(k, v) for k, v in by_case.items() if any(s in v for s in SHIMS)]
     if not rows:
         return ""
-    shims = [s for s in order if any(s in v for _, v in rows)]
+    shims = [s for s in SHIMS if any(s in v for _, v in rows)]
     # The original: 0.30.0's, or 0.34.0's where 0.30.0 has no path (fp8) or was not timed.
     head = "".join(f" {s} µs (seen) | × original | {s} µs (new tensors) | × original | × original (in turns) |"
                    for s in shims)
     lines = ["| where | rows | prefill cfg | original µs |" + head, "|" + "---|" * (4 + 5 * len(shims))]
     for (_, geo, n, flag), v in rows:
-        o = next((v[name].eager_s for name in ("original", "original034") if name in v), None)
+        o = next((v[name].eager_s for name in ORIGINALS if name in v), None)
         ratio = lambda x: f"{x / o:.2f}" if (o and x) else ""  # noqa: E731
         cells = []
         for name in shims:

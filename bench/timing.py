@@ -153,6 +153,16 @@ def torch_loop_time(calls, *, reason: str, target_s: float = TARGET_S) -> dict:
             "method": f"eager loop of {n} calls x {reps}, CUDA events (not a graph: {reason})"}
 
 
+def _call_times(calls, sync, count: int, first: int) -> list[float]:
+    """Wall time of each of ``count`` calls + sync, rotating through ``calls`` from ``first``."""
+    times = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        sync(calls[(first + i) % len(calls)]())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def eager_latency(calls, sync, *, count: int) -> dict:
     """Median wall time of one call from Python, synchronising after each (``calls`` rotate).
 
@@ -162,11 +172,7 @@ def eager_latency(calls, sync, *, count: int) -> dict:
     """
     for call in calls:
         sync(call())
-    times = []
-    for i in range(count):
-        t0 = time.perf_counter()
-        sync(calls[(i + 1) % len(calls)]())
-        times.append(time.perf_counter() - t0)
+    times = _call_times(calls, sync, count, first=1)
     return {"eager_s": statistics.median(times), "eager_min_s": min(times), "eager_calls": count}
 
 
@@ -187,12 +193,7 @@ def eager_latency_paired(baseline, calls, sync, *, count: int, rounds: int = 7) 
     for r in range(rounds):
         order = (("baseline", baseline), ("calls", calls))
         for side, fns in (order if r % 2 == 0 else order[::-1]):
-            times = []
-            for i in range(count):
-                t0 = time.perf_counter()
-                sync(fns[i % len(fns)]())
-                times.append(time.perf_counter() - t0)
-            medians[side].append(statistics.median(times))
+            medians[side].append(statistics.median(_call_times(fns, sync, count, first=0)))
     return {"eager_paired_s": statistics.median(medians["calls"]),
             "eager_paired_original_s": statistics.median(medians["baseline"]),
             "eager_paired_ratio": statistics.median(c / b for c, b in zip(medians["calls"], medians["baseline"]))}

@@ -12,7 +12,8 @@ Conversion and launch only: the problem (checks, tiling, launch knobs) is qsa_ja
 strided view on D-wide rows (vLLM's q), the fused cache's views or two compact caches,
 compact int32 metadata and gate; a non-compact ``out`` gets the result by a torch copy
 (``ShimCopyWarning``). Anything else goes to the JAX route (``None`` from ``sparse``; see
-``_eager.sparse_paged_attention_impl``), which handles every layout. The launches go to ``q``'s device and its current stream. The tiling
+``_eager.sparse_paged_attention_impl``), which handles every layout. The launches go to
+``q``'s device and its current stream. The tiling
 is chosen as qsa_jax chooses it for JAX's default device (``config``), which is the torch
 tensors' device in a one-GPU process, except that a bf16 cache on the default table takes
 vLLM 0.30.0's (``BF16_DEFAULT_TABLE``). From the second call of a signature the kernels are
@@ -243,7 +244,7 @@ def _launches(problem, plan):
     k = _kernels()
     t = None  # a tensor slot
     split = P.TritonLaunch(k.sparse_attention_split_kernel,
-                           (t,) * 8 + (problem.num_rows, problem.num_requests - 1, problem.kv.num_pages, t, t),
+                           (t,) * 8 + plan.split_scalars + (t, t),
                            dict(plan.split_meta))
     merge = None if plan.merge_grid is None else P.TritonLaunch(
         k.sparse_attention_merge_kernel, (t, t, t, problem.num_rows, t), dict(plan.merge_meta))

@@ -232,6 +232,80 @@ def _emulated_triton_call(*args, kernel, out_shape, grid, input_output_aliases=N
     return res[0] if single else res
 
 
+def _interpret_sparse_cases(max_rows: int, max_cost: int):
+    """The sparse-attention goldens (three layouts), a fresh poisoned case and the fp8 cases
+    through the jax-triton kernels in the interpreter (``interpret_main`` has set it up):
+    (failures, the (TILE_INDUCTION, PREFETCH) pairs the golden launches took)."""
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention import base as sbase
+    from qsa_jax.ops.sparse_attention import triton as stri
+    from qsa_testing import cases as C
+    from qsa_testing import golden, oracle
+    from qsa_testing.agreement import assert_fidelity
+
+    failures = 0
+    forms_seen = set()
+    for case, expected in golden.sparse_attention_cases():
+        cost = case.q.shape[0] * case.selection_width * case.q.shape[1]
+        # Small edge cases run whatever their row count: they hold the invalid requests, pages
+        # and counts that the kernels' range checks exist for.
+        small_edge = case.name.startswith("edge") and cost <= max_cost // 10
+        if (case.q.shape[0] > max_rows and not small_edge) or cost > max_cost:
+            continue
+        qkv, start = C.qkv_with_query(case.q, case.kv_cache.shape[1], leading_heads=1)
+        strided = sbase.StridedQuery.from_columns(qkv, start=start, num_heads=case.q.shape[1],
+                                                  head_dim=case.q.shape[2])
+        for layout in ("fused", "split", "fused+strided_q"):
+            kv = case.split_caches() if layout == "split" else case.kv_cache
+            q = strided if layout.endswith("strided_q") else case.q
+            problem = sbase.check_sparse_attention_args(
+                q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+                use_prefill_config=case.use_prefill_config, config=None)
+            _, arrays = sbase.as_kv_layout(kv)
+            arrays = tuple(jnp.asarray(a) for a in arrays)
+            meta = dict(stri.launch_plan(problem).split_meta)
+            forms_seen.add((meta["TILE_INDUCTION"], meta["PREFETCH"]))
+            try:
+                got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
+                               jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
+                               jnp.asarray(case.output_gate))
+                err = assert_fidelity(np.asarray(got), expected, what=f"{case.name}/{layout}")["rel_err"]
+                print(f"sparse_attention {case.name} {layout} cfg={tuple(problem.config)} rel_err={err:.2e}")
+            except AssertionError as exc:
+                failures += 1
+                print("FAIL", exc)
+    # Fresh inputs with poison that shows: the goldens hold NaN in K as well, which turns a stray
+    # read into an empty split and an exact zero (docs/spec.md §6.5), so an invalid request read
+    # through a clamped block-table row would pass them.
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"fresh_edge seed {seed}")
+    rng = np.random.default_rng(seed)
+    case = C.sparse_attention_case(rng, name="fresh_edge", rows=10, num_query_heads=4, num_kv_heads=2,
+                                   head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
+                                   num_requests=4)
+    case = C.poison_unread_values(C.add_edge_rows(rng, case))
+    problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                                case.token_to_req, case.output_gate, use_prefill_config=False,
+                                                config=None)
+    cfg = problem.config
+    k, v = case.split_caches()
+    expected = oracle.sparse_attention_oracle(case.q, k, v, case.logical_indices, case.block_table,
+                                              case.token_to_req, case.output_gate, block_n=cfg.block_n,
+                                              num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
+    try:
+        got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
+                       jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
+                       jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
+        err = assert_fidelity(np.asarray(got), expected, what="fresh_edge vs oracle")["rel_err"]
+        print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
+    except AssertionError as exc:
+        failures += 1
+        print("FAIL", exc)
+    failures += _interpret_fp8_cases(sbase, stri)
+    return failures, forms_seen
+
+
 def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -248,13 +322,10 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
 
     from qsa_jax.ops.compress_groups import base as cbase
     from qsa_jax.ops.compress_groups import triton as ctri
-    from qsa_jax.ops.sparse_attention import base as sbase
     from qsa_jax.ops.sparse_attention import triton as stri
     from qsa_jax.ops.store_cache_rows import base as stbase
     from qsa_jax.ops.store_cache_rows import triton as sttri
-    from qsa_testing import cases as C
-    from qsa_testing import golden, oracle
-    from qsa_testing.agreement import assert_fidelity
+    from qsa_testing import golden
 
     for mod in (stri, ctri, sttri):
         mod._jt = jax_triton
@@ -270,64 +341,8 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
             default_launch(problem), prefetch=prefetch)
         stri._launch_plan.cache_clear()
         print(f"tile loop: {'induction' if form else 'counter'} form{', prefetch' if prefetch else ''}")
-        forms_seen = set()
-        for case, expected in golden.sparse_attention_cases():
-            cost = case.q.shape[0] * case.selection_width * case.q.shape[1]
-            # Small edge cases run whatever their row count: they hold the invalid requests, pages
-            # and counts that the kernels' range checks exist for.
-            small_edge = case.name.startswith("edge") and cost <= max_cost // 10
-            if (case.q.shape[0] > max_rows and not small_edge) or cost > max_cost:
-                continue
-            qkv, start = C.qkv_with_query(case.q, case.kv_cache.shape[1], leading_heads=1)
-            strided = sbase.StridedQuery.from_columns(qkv, start=start, num_heads=case.q.shape[1],
-                                                      head_dim=case.q.shape[2])
-            for layout in ("fused", "split", "fused+strided_q"):
-                kv = case.split_caches() if layout == "split" else case.kv_cache
-                q = strided if layout.endswith("strided_q") else case.q
-                problem = sbase.check_sparse_attention_args(
-                    q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
-                    use_prefill_config=case.use_prefill_config, config=None)
-                _, arrays = sbase.as_kv_layout(kv)
-                arrays = tuple(jnp.asarray(a) for a in arrays)
-                meta = dict(stri.launch_plan(problem).split_meta)
-                forms_seen.add((meta["TILE_INDUCTION"], meta["PREFETCH"]))
-                try:
-                    got = stri.run(problem, jnp.asarray(sbase.query_table(q)), arrays, jnp.asarray(case.logical_indices),
-                                   jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
-                                   jnp.asarray(case.output_gate))
-                    err = assert_fidelity(np.asarray(got), expected, what=f"{case.name}/{layout}")["rel_err"]
-                    print(f"sparse_attention {case.name} {layout} cfg={tuple(problem.config)} rel_err={err:.2e}")
-                except AssertionError as exc:
-                    failures += 1
-                    print("FAIL", exc)
-        # Fresh inputs with poison that shows: the goldens hold NaN in K as well, which turns a stray
-        # read into an empty split and an exact zero (docs/spec.md §6.5), so an invalid request read
-        # through a clamped block-table row would pass them.
-        seed = int.from_bytes(os.urandom(4), "little")
-        print(f"fresh_edge seed {seed}")
-        rng = np.random.default_rng(seed)
-        case = C.sparse_attention_case(rng, name="fresh_edge", rows=10, num_query_heads=4, num_kv_heads=2,
-                                       head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
-                                       num_requests=4)
-        case = C.poison_unread_values(C.add_edge_rows(rng, case))
-        problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
-                                                    case.token_to_req, case.output_gate, use_prefill_config=False,
-                                                    config=None)
-        cfg = problem.config
-        k, v = case.split_caches()
-        expected = oracle.sparse_attention_oracle(case.q, k, v, case.logical_indices, case.block_table,
-                                                  case.token_to_req, case.output_gate, block_n=cfg.block_n,
-                                                  num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
-        try:
-            got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
-                           jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
-                           jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
-            err = assert_fidelity(np.asarray(got), expected, what="fresh_edge vs oracle")["rel_err"]
-            print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
-        except AssertionError as exc:
-            failures += 1
-            print("FAIL", exc)
-        failures += _interpret_fp8_cases(sbase, stri)
+        failed, forms_seen = _interpret_sparse_cases(max_rows, max_cost)
+        failures += failed
         if forms_seen != {(form, prefetch)}:  # the patches above must reach the launches
             failures += 1
             print("FAIL launches took", forms_seen, "not", (form, prefetch))
@@ -610,7 +625,6 @@ def test_split_kernel_compiles_for_sm90_without_the_one_request_spills(tmp_path)
     import sm90_split_kernel_ab as AB
 
     from qsa_jax import arg_specs
-
     from qsa_jax.ops.sparse_attention import triton_kernels as K
 
     # Not for the spills (a constant last_request compiles like any count): without the list,
@@ -626,8 +640,8 @@ def test_split_kernel_compiles_for_sm90_without_the_one_request_spills(tmp_path)
             assert int(got["spill_stores"]) <= 64, (rule, requests, got)
 
 
-def _tp1_problem(rows, g):
-    """A sparse-attention problem at the TP1 geometry on vLLM 0.30.0's table (shapes only)."""
+def _problem_on_030_table(rows, g):
+    """A sparse-attention problem at geometry ``g`` on vLLM 0.30.0's table (shapes only)."""
     import jax
     import jax.numpy as jnp
 
@@ -648,13 +662,14 @@ def test_split_kernel_tile_loop_form_per_launch(tmp_path):
     vLLM's 64 splits) the tile loop takes the tile as its induction variable, which compiles
     for sm_90 to half the loop of the counter form (vLLM's size; 1.0-1.8 us of the split
     kernel on an H200, session 13); with many tiles per split (64 rows up) the counter form,
-    faster there for fp8's one-warp launches. Checked as compiled: the default against each
-    form forced."""
+    faster there for fp8's one-warp launches. Checked as launched and compiled: the form each
+    launch plan passes, and its loop against the other form's."""
     pytest.importorskip("triton")
     sys.path.insert(0, str(REPO / "tools"))
     import sm90_split_kernel_ab as AB
 
     from qsa_jax import arg_specs, config
+    from qsa_jax.ops.sparse_attention import triton as stri
 
     assert config.triton_tile_induction(65, 64) and config.triton_tile_induction(33, 33)
     assert not config.triton_tile_induction(65, 4) and not config.triton_tile_induction(33, 1)
@@ -667,12 +682,8 @@ def test_split_kernel_tile_loop_form_per_launch(tmp_path):
 
     # The form each launch gets, read from the launch plan the kernels are launched with
     # (TP1, 0.30.0's table: 1 row -> 64 splits of 65 tiles, 64 rows -> 4 splits).
-    from qsa_jax.ops.sparse_attention import triton as stri
-
     def planned(rows):
-        g = arg_specs.GEOMETRIES["TP1"]
-        problem = _tp1_problem(rows, g)
-        meta = dict(stri._launch_plan(problem, (9, 0)).split_meta)
+        meta = dict(stri._launch_plan(_problem_on_030_table(rows, geo), (9, 0)).split_meta)
         assert (meta["BLOCK_N"], meta["NUM_SPLITS"], meta["num_warps"]) == {1: (32, 64, 4), 64: (32, 4, 1)}[rows]
         return meta["TILE_INDUCTION"]
 

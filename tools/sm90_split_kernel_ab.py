@@ -17,7 +17,6 @@ A ``--launch`` is ``block_n/splits/warps`` (2 stages, as both launch).
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
 import os
 import sys
@@ -100,16 +99,8 @@ def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule):
     from triton.backends.compiler import GPUTarget
 
     module_path = os.path.join(out_dir, "vllm_split_kernel.py")
-    with open(path) as f:
-        text = f.read()
-    tree = ast.parse(text)
-    parts = ["import triton\nimport triton.language as tl\n"]
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in ("_maybe_dequant", "_qsa_sparse_paged_gqa_splitk_kernel"):
-            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            parts.append("\n".join(text.splitlines()[start - 1:node.end_lineno]) + "\n")
     with open(module_path, "w") as f:
-        f.write("\n\n".join(parts))
+        f.write(P.vllm_kernel_source(path))
     spec = importlib.util.spec_from_file_location("vllm_split_kernel", module_path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

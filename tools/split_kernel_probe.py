@@ -23,6 +23,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from triton_torch_ab import _inputs  # noqa: E402
 
 
 def main() -> int:
@@ -44,18 +47,12 @@ def main() -> int:
 
     orig = originals.load("0.30.0")
     geo = arg_specs.GEOMETRIES[a.tp]
-    d, h, w = geo.head_dim, geo.num_query_heads, 2051
+    d, w = geo.head_dim, 2051
     for nb in (int(p) for p in a.pages.split(",")):
-        g = torch.Generator(device="cuda").manual_seed(nb)
         kv = torch.randn((nb, geo.num_kv_heads, geo.page_size, 2 * d), device="cuda",
-                         generator=g).to(torch.bfloat16)
-        k, v = kv.transpose(1, 2).split(d, -1)
-        q = torch.randn((a.rows, h, d), device="cuda", generator=g).to(torch.bfloat16)
-        li = torch.randint(0, nb * geo.page_size, (a.rows, w + 1), device="cuda", dtype=torch.int32, generator=g)
-        li[:, -1] = w
-        bt = torch.randperm(nb, device="cuda", dtype=torch.int32, generator=g)[None, :].contiguous()
-        t2r = torch.zeros((a.rows,), device="cuda", dtype=torch.int32)
-        gate = torch.randn((a.rows, h, d), device="cuda", generator=g).to(torch.bfloat16)
+                         generator=torch.Generator(device="cuda").manual_seed(nb)).to(torch.bfloat16)
+        # triton_torch_ab's inputs: one request, W = 2051 uniformly random tokens per row
+        (q, k, v, li, bt, t2r, _, _), gate = _inputs(geo, a.rows, kv, seed=nb)
         outs = {}
         calls = {
             "original 0.30.0": lambda out: orig.qsa_sparse_paged_attention(

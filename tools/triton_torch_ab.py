@@ -15,6 +15,8 @@ pool; fp8: e4m3 with scales 0.5 / 2.0, where only 0.34.0 has a path):
   call, as the median of 7 rounds in which every column takes its turn (round-robin, so drift in
   the machine's state lands on every column alike).
 
+``--summarize JSON``: one line per case of a written ``triton_torch_ab.json`` (no GPU needed).
+
 ``--prefetch-off``: a second pass per row count with ``qsa_jax.config.triton_prefetch``
 forced False (the jax-triton kernels' next-tile index prefetch off; 0.34.0's kernel has none),
 the originals timed again in that pass.
@@ -131,6 +133,26 @@ def _print(line):
     print(f"  triton launches: {line.get('triton_launches')}", flush=True)
 
 
+def summarize(path: str) -> int:
+    """One line per case of ``path``: the default route's split kernel against the original's
+    (0.30.0's for bf16, 0.34.0's for fp8), busy and eager ratios, difference from the first."""
+    import json
+
+    with open(path) as f:
+        lines = json.load(f)
+    for e in lines:
+        c = e["columns"]
+        base = c["original 0.30.0"] if e["kv"] == "bf16" else c["original 0.34.0"]
+        tt = c["triton-torch default"]
+
+        def split(col):
+            return next((v for k, v in col["by_kernel"].items() if "split" in k), float("nan"))
+        print(f'{e["tp"]} {e["kv"]} {e["rows"]}: split {split(tt):.1f} vs original {split(base):.1f} us, '
+              f'busy x{tt["busy_us"] / base["busy_us"]:.2f}, eager x{tt["eager_us"] / base["eager_us"]:.2f}, '
+              f'diff {tt["rel_diff_vs_first"]:.1e}')
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,8,64,512,2048")
@@ -138,7 +160,12 @@ def main() -> int:
     ap.add_argument("--kv", default="bf16,fp8")
     ap.add_argument("--out", default=None)
     ap.add_argument("--prefetch-off", action="store_true")
+    ap.add_argument("--summarize", metavar="JSON", default=None,
+                    help="print one line per case of a written triton_torch_ab.json (split kernel, busy and "
+                         "eager ratios of the default route against the case's original) and exit")
     a = ap.parse_args()
+    if a.summarize:
+        return summarize(a.summarize)
 
     import torch
 

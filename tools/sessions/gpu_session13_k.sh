@@ -17,26 +17,11 @@ PART_TIMEOUT=60 IMPLS=triton bash tools/gpu_memcheck_parts.sh > "$OUT/memcheck_t
 echo "compute-sanitizer memcheck:"; grep -h MEMCHECK "$OUT/memcheck_triton.log"
 timeout -s INT 150 python3 tools/triton_torch_ab.py --rows 1,8,64,512,2048 --tp TP1,TP4 --kv bf16,fp8 \
   --out "$OUT/ab" 2>&1 | grep -v -i warn > "$OUT/ab.log"; echo "ab rc=$?"
-python3 - "$OUT/ab/triton_torch_ab.json" <<'PY'
-import json, sys
-for e in json.load(open(sys.argv[1])):
-    c = e["columns"]
-    base = c.get("original 0.30.0") if e["kv"] == "bf16" else c.get("original 0.34.0")
-    tt = c["triton-torch default"]
-    split = lambda col: next((v for k, v in col["by_kernel"].items() if "split" in k), None)
-    print(f'{e["tp"]} {e["kv"]} {e["rows"]}: split {split(tt):.1f} vs original {split(base):.1f} us, '
-          f'busy x{tt["busy_us"] / base["busy_us"]:.2f}, eager x{tt["eager_us"] / base["eager_us"]:.2f}, '
-          f'diff {tt["rel_diff_vs_first"]:.1e}')
-PY
+python3 tools/triton_torch_ab.py --summarize "$OUT/ab/triton_torch_ab.json"
 timeout 200 python3 -m bench.run --impl original,original034,shim --op sparse --tp TP1,TP4 \
   --rows 1,8,64,512,2048 --kv-dtype bf16,fp8 --out "$OUT/bench_shim" > "$OUT/bench_shim.log" 2>&1
 echo "bench rc=$?"; tail -1 "$OUT/bench_shim.log"
-python3 - "$OUT/bench_shim/results.md" <<'PY'
-import sys
-text = open(sys.argv[1]).read()
-start = text.find("| where | rows | prefill cfg | original µs |")
-print(text[start:text.find("\n\n", start)])
-PY
+sed -n '/^| where | rows | prefill cfg | original/,/^$/p' "$OUT/bench_shim/results.md"
 QSA_PARITY_IMPLS=triton timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s \
   tests/test_gpu_parity.py -k "sparse_attention" > "$OUT/parity030_triton.log" 2>&1
 echo "0.30 parity (triton) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/parity030_triton.log" | tail -4

@@ -47,11 +47,12 @@ class LaunchPlan:
     logical_indices, block_table, token_to_req, the gate ([R, H, D]), the scale pair (fp32
     ``[score scale, output scale]``, ``base.scale_operand``; any array when the problem is not
     ``scaled``; for the fused cache K and V are both the fused buffer, V at ``V_OFFSET``),
-    rows, requests - 1 (the largest valid request id), pages, then the outputs
-    (``out_shapes``); the merge takes the partials, their lse, the gate and rows, then its
-    output ([R, H, D] bf16)."""
+    the scalars (``split_scalars``), then the outputs (``out_shapes``); the merge takes the
+    partials, their lse, the gate and rows, then its output ([R, H, D] bf16)."""
 
     split_grid: tuple[int, int, int]
+    # rows, requests - 1 (the largest valid request id: triton_kernels says why), pages
+    split_scalars: tuple[int, int, int]
     split_meta: tuple[tuple[str, object], ...]  # constexprs, num_warps and num_stages
     out_shapes: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per output
     merge_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the result
@@ -87,14 +88,15 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
         PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
         TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
         KV_BYTES=p.kv_format == "e4m3_bytes", **strides)
+    scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:
-        return LaunchPlan((rows, kv.num_kv_heads, 1), tuple(split_meta.items()),
+        return LaunchPlan((rows, kv.num_kv_heads, 1), scalars, tuple(split_meta.items()),
                           (((rows, heads, d), "bfloat16"), ((1,), "float32")),  # lse slot unused
                           None, None)
     block_d = launch.merge_block_d
     merge_meta = dict(num_warps=launch.merge_warps, num_stages=1, HEADS=heads, D=d, NUM_SPLITS=splits,
                       BLOCK_S=next_pow2(splits), BLOCK_D=block_d)
-    return LaunchPlan((rows, kv.num_kv_heads, splits), tuple(split_meta.items()),
+    return LaunchPlan((rows, kv.num_kv_heads, splits), scalars, tuple(split_meta.items()),
                       (((splits, rows, heads, d), "float32"), ((splits, rows, heads), "float32")),
                       (rows, heads, d // block_d), tuple(merge_meta.items()))
 
@@ -113,7 +115,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     partial, lse = _jt.triton_call(
         # Without scales the kernel never reads scale_ptr: any array fills the slot.
         q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
-        scales if p.scaled else token_to_req, rows, p.num_requests - 1, p.kv.num_pages,
+        scales if p.scaled else token_to_req, *plan.split_scalars,
         kernel=_k.sparse_attention_split_kernel,
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in plan.out_shapes],
         grid=plan.split_grid,
