@@ -11,6 +11,13 @@ their golden files, or the tiling-faithful oracle with the same config) must rep
   rounding step; a one-ulp *bug* (an fp16 sigmoid, a rounding in the wrong place) moves
   many elements by one or two steps in a correlated way and shows in this count long
   before it moves the Frobenius error.
+* a lone rounding tie is not a Frobenius failure: when the difference is confined to at most
+  ``FIDELITY_TIE_VECTORS`` (row, head) vectors, each within one bf16 rounding step of its own
+  norm (``‖Δv‖ ≤ 2^-7 ‖v‖``), the Frobenius bar is waived. A tie in one intermediate rounding
+  (a running maximum, a normaliser, a partial's bf16) moves one vector by one step; on a
+  few-hundred-element output that single tie alone exceeds 3e-4 (the 10-row interpreter case
+  at seed 445503139: 5.8e-4, with vLLM 0.30.0 itself bit-identical to the kernel). At the real
+  shapes faithful differences spread over many vectors and the bar applies as written.
 * no NaN, and exact zeros where a whole (row, head) vector of the reference is zero (a row
   with nothing valid). An isolated zero inside a nonzero vector is a value that an fp32
   sum happened to cancel to exactly 0 (seen once in 25 M elements on the GPU); it is held
@@ -34,6 +41,8 @@ import numpy as np
 
 FIDELITY_REL_BAR = 3e-4
 FIDELITY_ULP_FRACTION = 0.01
+FIDELITY_TIE_VECTORS = 2
+_ONE_ROUNDING_STEP = 2.0 ** -7  # the largest relative bf16 spacing (at 1.0)
 ACCURACY_FACTOR = 1.10
 
 _BF16_MANTISSA_BITS = 7
@@ -82,11 +91,26 @@ def _verdict(res: dict, why: list[str], what: str, a, bad_zero, zero_rule: str) 
     return res
 
 
+def _tie_vectors(a, r) -> int | None:
+    """The number of differing (row, head) vectors (last axis) when there are at most
+    ``FIDELITY_TIE_VECTORS`` of them, each within one rounding step of its own norm; else None."""
+    if r.ndim == 0 or r.size == 0:
+        return None
+    differs = np.any(a != r, axis=-1)
+    if differs.sum() > FIDELITY_TIE_VECTORS:
+        return None
+    d, v = a[differs], r[differs]
+    ok = np.linalg.norm(d - v, axis=-1) <= _ONE_ROUNDING_STEP * np.linalg.norm(v, axis=-1)
+    return int(differs.sum()) if ok.all() else None
+
+
 def fidelity(actual, reference, *, what: str = "output") -> dict:
     """Fidelity measures of ``actual`` against a same-tiling reference; never raises on values.
 
     Returns rel_err, ulp_fraction (share of elements more than one bf16 ulp apart),
-    max_ulps, nan, nonzero_where_zero, ok and why (None when ok)."""
+    max_ulps, nan, nonzero_where_zero, tie_vectors (the count of differing vectors when the
+    difference is a rounding tie that waives the Frobenius bar, else None), ok and why (None
+    when ok)."""
     a, r = _as_pair(actual, reference, what)
     nan = int(np.isnan(a).sum())
     # Structural zeros: (row, head) vectors that are zero in the reference (last axis = D).
@@ -100,8 +124,9 @@ def fidelity(actual, reference, *, what: str = "output") -> dict:
         "max_ulps": float(ulps.max()) if a.size else 0.0,
         "nan": nan, "nonzero_where_zero": int(bad_zero.sum()),
     }
+    res["tie_vectors"] = _tie_vectors(a_fin, r)
     why = []
-    if not res["rel_err"] <= FIDELITY_REL_BAR:
+    if not (res["rel_err"] <= FIDELITY_REL_BAR or res["tie_vectors"] is not None):
         why.append(f"relative Frobenius error {res['rel_err']:.3g} > {FIDELITY_REL_BAR:g}")
     if res["ulp_fraction"] > FIDELITY_ULP_FRACTION:
         why.append(f"{res['ulp_fraction']:.2%} of elements more than one bf16 ulp from the reference "
