@@ -666,6 +666,25 @@ def pallas_fp8_keys_f16_dot() -> bool:
     return False
 
 
+def triton_fp8_keys_f16_dot() -> bool:
+    """Whether the jax-triton split kernel computes q.K^T for an fp8 cache as an fp16 dot
+    (its QK_FP16): K converted e4m3 -> fp16 only, q rescaled once per program by a power of
+    two per query row, the scores scaled back (``triton_kernels._f16_query``).
+
+    Why: the jax-triton kernel is the fp8 route at most batch sizes
+    (``sparse_attention_order``), and like vLLM 0.34.0's kernel it turns every K element of
+    every tile into bf16 for a bf16 dot; issue 13's 1.8x fp8/bf16 throughput needs fewer
+    conversions per byte (notes/triton.md, session 13). Compiled for sm_90 on the CPU
+    (``tools/sm90_split_kernel_ab.py --fp8``), the table's launches: notes/triton.md,
+    session 14. The Pallas kernel's version of the same dot
+    (``pallas_fp8_keys_f16_dot``) was bit-identical on the H200 but only timed together
+    with another knob that made it 2x slower (XLA's Triton; notes/pallas.md session 7).
+    Off until timed on the GPU (``tools/sessions/gpu_session14_a.sh``). A function so
+    that tests and the benchmark can switch it.
+    """
+    return False
+
+
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
 # Up to this many (row, head) pairs the merge splits D, for more programs than SMs.

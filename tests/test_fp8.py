@@ -601,11 +601,13 @@ def test_pallas_fp8_value_pairs_and_f16_dot_lowering(monkeypatch, capsys):
     assert not re.search(r"tensor<64x32xbf16>", ttir)
 
 
-@pytest.mark.parametrize("fmt", ["e4m3", "e4m3_bytes", "bf16_scaled", "bf16"])
-def test_triton_kernel_compiles_for_sm90(fmt):
+@pytest.mark.parametrize("fmt,f16_dot", [("e4m3", False), ("e4m3_bytes", False), ("e4m3", True),
+                                         ("e4m3_bytes", True), ("bf16_scaled", False), ("bf16", False)])
+def test_triton_kernel_compiles_for_sm90(fmt, f16_dot):
     """The jax-triton split kernel through Triton's own compiler to sm_90 PTX (no GPU
     needed): e4m3 (values or bytes) converts with the hardware instruction and P.V is an
-    fp16 MMA; q.K^T stays a bf16 MMA. ("bf16": 0.30.0's arithmetic, no scales.)"""
+    fp16 MMA; q.K^T stays a bf16 MMA, or with QK_FP16 (``config.triton_fp8_keys_f16_dot``)
+    an fp16 one, with no conversion to bf16 left. ("bf16": 0.30.0's arithmetic, no scales.)"""
     import inspect
     import re
 
@@ -621,7 +623,7 @@ def test_triton_kernel_compiles_for_sm90(fmt):
                  Q_OFFSET=0, STRIDE_PAGE=2 * 1600 * 512, STRIDE_TOKEN=512, STRIDE_HEAD=1600 * 512, V_OFFSET=256,
                  BLOCK_M=16, BLOCK_N=32, NUM_TILES=65, NUM_SPLITS=64, PREFETCH=True, TILE_INDUCTION=False,
                  SCALED=fmt != "bf16", FP8=fp8,
-                 KV_BYTES=fmt == "e4m3_bytes")
+                 KV_BYTES=fmt == "e4m3_bytes", QK_FP16=f16_dot, F16_TOP_EXPONENT=14, F16_MAX_SHIFT=126)
     types = dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, idx_ptr="*i32", bt_ptr="*i32", req_ptr="*i32",
                  gate_ptr="*bf16", scale_ptr="*fp32", num_rows="i32", last_request="i32", num_pages="i32",
                  o_ptr="*fp32", lse_ptr="*fp32")
@@ -632,7 +634,9 @@ def test_triton_kernel_compiles_for_sm90(fmt):
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2)).asm["ptx"]
     mma = set(re.findall(r"mma\.sync\.aligned\.\w+\.row\.col\.f32\.(\w+)\.\w+\.f32", ptx))
     assert ("cvt.rn.f16x2.e4m3x2" in ptx) == fp8
-    assert mma == ({"bf16", "f16"} if fp8 else {"bf16"}), mma
+    assert mma == ({"f16"} if f16_dot else {"bf16", "f16"} if fp8 else {"bf16"}), mma
+    if fp8:  # K into bf16 for a bf16 dot: packed fp32 -> bf16 (P is fp16; 64 splits: no bf16 output)
+        assert ("cvt.rn.bf16x2.f32" in ptx) == (not f16_dot)
 
 
 # ------------------------------------------------------------------------ 0.34.0 in Triton's interpreter
@@ -849,30 +853,50 @@ def test_host_scales_first_seen_inside_a_jit_do_not_leak():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob_name", BIT_IDENTICAL_KNOBS)
+@pytest.mark.parametrize("implementation,knob_name", [("pallas", k) for k in BIT_IDENTICAL_KNOBS]
+                         + [("triton", "triton_fp8_keys_f16_dot")])
 @pytest.mark.parametrize("config", [(32, 1, 65, 2), (32, 2, 65, 4), (64, 2, 33, 1)],
                          ids=["bn32-w1-s2", "bn32-w2-s4", "bn64-w2-s1"])
-def test_gpu_pallas_fp8_knob_is_bit_identical(knob_name, config, monkeypatch):
+def test_gpu_fp8_knob_is_bit_identical(implementation, knob_name, config, monkeypatch):
     """On the GPU (real conversion and MMA instructions): each fp8 kernel variant
-    (BIT_IDENTICAL_KNOBS) gives the other setting's output bit for bit, at the TP1 shapes
-    and the fp8 tables' bandwidth-bound launches (2 and 1 warps); the cache holds random
-    finite e4m3 bytes."""
+    (BIT_IDENTICAL_KNOBS of the Pallas kernel, the jax-triton kernel's fp16 q.K^T) gives
+    the other setting's output bit for bit, at the TP1 shapes and the fp8 tables'
+    bandwidth-bound launches (2 and 1 warps); the cache holds random finite e4m3 bytes;
+    query heads far apart in magnitude (x2^-30, x2^33, zero) exercise the fp16 dot's
+    per-row rescaling."""
+    import dataclasses
+
     import jax
 
     from qsa_jax.ops.sparse_attention.api import _run as jitted
 
     if jax.default_backend() not in ("gpu", "cuda"):
         pytest.skip("needs a CUDA GPU")
+    if implementation == "triton":
+        from qsa_jax.ops.sparse_attention import triton as stri
+
+        if stri.why_not():
+            pytest.skip(stri.why_not())
+        clear_plans = stri._launch_plan.cache_clear  # the knob is read into the launch plan
+    else:
+        clear_plans = lambda: None  # noqa: E731
     rng = np.random.default_rng(57)
     case = C.sparse_attention_case(rng, rows=256, num_query_heads=24, num_kv_heads=2, head_dim=256,
                                    page_size=64, selection_blocks=512, context_tokens=4096, num_requests=8)
     finite = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)
     kv = jax.device_put(rng.choice(finite, case.kv_shape))
+    q = np.asarray(case.q, np.float32)
+    q[:8, 0] *= 2.0 ** -30
+    q[:8, 1] *= 2.0 ** 33
+    q[8:16, 2] = 0.0
+    case = dataclasses.replace(case, q=q.astype(case.q.dtype))
     outs = []
     for knob in (False, True):
         monkeypatch.setattr(cfgmod, knob_name, lambda knob=knob: knob)
         jitted.clear_cache()
-        outs.append(_run(case, kv, "pallas", config, k_scale=K_SCALE, v_scale=V_SCALE))
+        clear_plans()
+        outs.append(_run(case, kv, implementation, config, k_scale=K_SCALE, v_scale=V_SCALE))
     jitted.clear_cache()
+    clear_plans()
     assert not np.isnan(outs[0].astype(np.float32)).any()
     np.testing.assert_array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16))

@@ -375,7 +375,10 @@ def interpret_main(max_rows: int, max_cost: int = 300_000) -> int:
 
 def _interpret_fp8_cases(sbase, stri) -> int:
     """fp8 caches (e4m3 values and uint8 bytes) and a bf16 cache with k/v scales, one
-    split and three, against the float64 oracle (vLLM 0.34.0 semantics). Returns failures."""
+    split and three, against the float64 oracle (vLLM 0.34.0 semantics); the fp8 ones also
+    with q.K^T in fp16 (QK_FP16, ``config.triton_fp8_keys_f16_dot``), which must give the
+    bf16 dot's bits, also for query heads scaled far apart (2^35 between two heads of one program,
+    |q| ~ 1e12 beyond fp16's range, an all-zero head). Returns failures."""
     import jax.numpy as jnp
     import ml_dtypes
 
@@ -388,25 +391,56 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                                    head_dim=16, page_size=8, selection_blocks=10, context_tokens=80)
     e4m3 = (case.kv_cache.astype(np.float32) * 3.0).astype(ml_dtypes.float8_e4m3fn)
     w, d = case.selection_width, case.head_dim
-    for fmt, kv in (("e4m3", e4m3), ("e4m3_bytes", e4m3.view(np.uint8)), ("bf16_scaled", case.kv_cache)):
-        for cfg in (SparseAttentionConfig(32, 1, -(-w // 32), 1), SparseAttentionConfig(16, 1, -(-w // 16), 3)):
-            problem = sbase.check_sparse_attention_args(
-                case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
-                use_prefill_config=False, config=cfg, scales_given=(True, True))
-            scales = sbase.scale_operand(problem, 0.5, 2.0)
-            got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(kv),), jnp.asarray(case.logical_indices),
-                           jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
-                           jnp.asarray(case.output_gate), scales)
-            split = kv.transpose(0, 2, 1, 3)
-            ref = oracle.sparse_attention_oracle(
-                case.q, split[..., :d], split[..., d:], case.logical_indices, case.block_table,
-                case.token_to_req, case.output_gate, block_n=cfg.block_n, num_tiles=cfg.num_tiles,
-                num_splits=cfg.num_splits, k_scale=0.5, v_scale=2.0)
-            got = np.asarray(got, np.float64)
-            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-            ok = err <= 1e-4 and not np.isnan(got).any()
-            failures += not ok
-            print(f"sparse_attention fp8 {fmt} splits={cfg.num_splits} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+    # Powers of two keep q exactly bf16. Heads 0/1 and 2/3 share a program (group 2). Row 1
+    # puts 2^35 between two heads of one program: one shift for both would leave head 0 two
+    # or three bits in fp16's subnormals, and its scores (still large enough to matter) change.
+    extreme = case.q.astype(np.float32)
+    extreme[0, 0] *= 2.0 ** -30
+    extreme[1, 0] *= 2.0 ** -2
+    extreme[1, 1] *= 2.0 ** 33
+    extreme[2, 2] *= 2.0 ** 40
+    extreme[2, 3] = 0.0
+    extreme = extreme.astype(case.q.dtype)
+    from qsa_jax import config
+
+    default_f16_dot = config.triton_fp8_keys_f16_dot
+    try:
+        for q_name, q in (("q", case.q), ("extreme_q", extreme)):
+            for fmt, kv in (("e4m3", e4m3), ("e4m3_bytes", e4m3.view(np.uint8)), ("bf16_scaled", case.kv_cache)):
+                for cfg in (SparseAttentionConfig(32, 1, -(-w // 32), 1),
+                            SparseAttentionConfig(16, 1, -(-w // 16), 3)):
+                    split = kv.transpose(0, 2, 1, 3)
+                    ref = oracle.sparse_attention_oracle(
+                        q, split[..., :d], split[..., d:], case.logical_indices, case.block_table,
+                        case.token_to_req, case.output_gate, block_n=cfg.block_n, num_tiles=cfg.num_tiles,
+                        num_splits=cfg.num_splits, k_scale=0.5, v_scale=2.0)
+                    outputs = []
+                    for f16_dot in ((False, True) if fmt != "bf16_scaled" else (False,)):
+                        config.triton_fp8_keys_f16_dot = lambda f16_dot=f16_dot: f16_dot
+                        stri._launch_plan.cache_clear()
+                        problem = sbase.check_sparse_attention_args(
+                            q, kv, case.logical_indices, case.block_table, case.token_to_req,
+                            case.output_gate, use_prefill_config=False, config=cfg, scales_given=(True, True))
+                        assert dict(stri.launch_plan(problem).split_meta)["QK_FP16"] == f16_dot
+                        scales = sbase.scale_operand(problem, 0.5, 2.0)
+                        got = stri.run(problem, jnp.asarray(q), (jnp.asarray(kv),),
+                                       jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
+                                       jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate), scales)
+                        got = np.asarray(got)
+                        outputs.append(got.view(np.uint16))
+                        got = got.astype(np.float64)
+                        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+                        ok = err <= 1e-4 and not np.isnan(got).any()
+                        if f16_dot and not np.array_equal(outputs[0], outputs[-1]):
+                            ok = False
+                            print(f"  fp16 q.K^T differs from the bf16 dot in {(outputs[0] != outputs[-1]).sum()} "
+                                  "elements")
+                        failures += not ok
+                        print(f"sparse_attention fp8 {fmt} {q_name} splits={cfg.num_splits}"
+                              f"{' fp16 q.K^T' if f16_dot else ''} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+    finally:
+        config.triton_fp8_keys_f16_dot = default_f16_dot
+        stri._launch_plan.cache_clear()
     return failures
 
 
@@ -690,6 +724,27 @@ def test_split_kernel_tile_loop_form_per_launch(tmp_path):
     few, many = planned(1), planned(64)
     assert few is True and many is False
     assert loop(1, (32, 64, 4), few) < 0.6 * loop(1, (32, 64, 4), not few)
+
+
+def test_split_kernel_fp16_keys_drop_the_bf16_conversions(tmp_path):
+    """``config.triton_fp8_keys_f16_dot`` (QK_FP16): at the fp8 table's one-warp launch (TP1,
+    32-wide tiles, 2 splits) the tile loop compiled for sm_90 loses K's fp16 -> fp32 -> bf16
+    steps -- 384 of its 654 conversion instructions, 2184 -> 1814 (notes/triton.md, session
+    14) -- without more registers or spills; the bits are the interpreter check's."""
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(REPO / "tools"))
+    import sm90_split_kernel_ab as AB
+
+    from qsa_jax import arg_specs
+
+    geo = arg_specs.GEOMETRIES["TP1"]
+    got = {f16: AB.compiled_numbers(AB.ours(geo, 1024, 32, 2, 1, "jit", fp8=True, requests=1024, qk_fp16=f16),
+                                    str(tmp_path / f"{f16}.ptx")) for f16 in (False, True)}
+    bf16_dot, f16_dot = got[False], got[True]
+    converts = "fp8/fp16 convert"
+    assert f16_dot["classes"][converts] <= bf16_dot["classes"][converts] - 384, (bf16_dot, f16_dot)
+    assert f16_dot["loop_length"] <= 0.85 * bf16_dot["loop_length"], (bf16_dot, f16_dot)
+    assert int(f16_dot["spill_stores"]) <= int(bf16_dot["spill_stores"]), (bf16_dot, f16_dot)
 
 
 if __name__ == "__main__":

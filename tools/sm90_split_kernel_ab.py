@@ -60,15 +60,18 @@ def _signature(fn, pointers, constexprs, ints, rule):
     return signature, attrs
 
 
-def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, stages=2, induction=None):
+def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, stages=2, induction=None,
+         qk_fp16=None):
     """Our split kernel compiled for sm_90 at one launch (bf16 cache, or e4m3 with the k/v
     scales when ``fp8``; ``requests`` defaults to ``REQUESTS``; ``induction``: the tile loop's
-    form, default ``config.triton_tile_induction``'s choice)."""
+    form, default ``config.triton_tile_induction``'s choice; ``qk_fp16``: fp8's q.K^T in fp16,
+    default ``config.triton_fp8_keys_f16_dot()``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     from qsa_jax import config
     from qsa_jax.ops.sparse_attention import triton_kernels as K
+    from qsa_jax.ops.sparse_attention.base import F16_QUERY_MAX_SHIFT, F16_QUERY_TOP_EXPONENT
 
     fn = K.sparse_attention_split_kernel
     d, group, heads, hk = geo.head_dim, geo.num_query_heads // geo.num_kv_heads, geo.num_query_heads, geo.num_kv_heads
@@ -83,7 +86,9 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
                       BLOCK_N=block_n, NUM_TILES=-(-W // block_n), NUM_SPLITS=splits, PREFETCH=False,
                       TILE_INDUCTION=config.triton_tile_induction(-(-W // block_n), splits) if induction is None
                       else induction,
-                      SCALED=fp8, FP8=fp8, KV_BYTES=False)
+                      SCALED=fp8, FP8=fp8, KV_BYTES=False,
+                      QK_FP16=fp8 and (config.triton_fp8_keys_f16_dot() if qk_fp16 is None else qk_fp16),
+                      F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT)
     # A kernel without TILE_INDUCTION (before session 13's loop forms) takes the others.
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
     requests = REQUESTS if requests is None else requests

@@ -19,7 +19,11 @@ pool; fp8: e4m3 with scales 0.5 / 2.0, where only 0.34.0 has a path):
 
 ``--prefetch-off``: a second pass per row count with ``qsa_jax.config.triton_prefetch``
 forced False (the jax-triton kernels' next-tile index prefetch off; 0.34.0's kernel has none),
-the originals timed again in that pass.
+the originals timed again in that pass. ``--f16-dot``: likewise with
+``config.triton_fp8_keys_f16_dot`` forced True (fp8's q.K^T as an fp16 dot; session 14),
+for fp8 caches only (a bf16 cache has no such path). Each pass's columns are compared with
+the first original of that pass (``diff``), so the two triton-torch passes' outputs are
+compared through it; a variant line says which pass it is.
 
 Writes ``triton_torch_ab.json`` to --out and prints one table per geometry and cache dtype.
 Needs the GPU and the originals (QSA_ORIGINALS_DIR).
@@ -123,7 +127,8 @@ def _print(line):
     originals_ = [c for c in cols if c.startswith("original")]
     best_busy = min(cols[c]["busy_us"] or float("inf") for c in originals_)
     best_eager = min(cols[c]["eager_us"] for c in originals_)
-    tag = " (prefetch off)" if line.get("prefetch_off") else ""
+    variant = line.get("variant") or ("prefetch off" if line.get("prefetch_off") else None)
+    tag = f" ({variant})" if variant else ""
     for name, c in cols.items():
         xb = (c["busy_us"] or float("nan")) / best_busy
         xe = c["eager_us"] / best_eager
@@ -147,7 +152,8 @@ def summarize(path: str) -> int:
 
         def split(col):
             return next((v for k, v in col["by_kernel"].items() if "split" in k), float("nan"))
-        print(f'{e["tp"]} {e["kv"]} {e["rows"]}: split {split(tt):.1f} vs original {split(base):.1f} us, '
+        variant = e.get("variant") or ("prefetch off" if e.get("prefetch_off") else None)
+        print(f'{e["tp"]} {e["kv"]} {e["rows"]}{f" ({variant})" if variant else ""}: split {split(tt):.1f} vs original {split(base):.1f} us, '
               f'busy x{tt["busy_us"] / base["busy_us"]:.2f}, eager x{tt["eager_us"] / base["eager_us"]:.2f}, '
               f'diff {tt["rel_diff_vs_first"]:.1e}')
     return 0
@@ -160,6 +166,7 @@ def main() -> int:
     ap.add_argument("--kv", default="bf16,fp8")
     ap.add_argument("--out", default=None)
     ap.add_argument("--prefetch-off", action="store_true")
+    ap.add_argument("--f16-dot", action="store_true")
     ap.add_argument("--summarize", metavar="JSON", default=None,
                     help="print one line per case of a written triton_torch_ab.json (split kernel, busy and "
                          "eager ratios of the default route against the case's original) and exit")
@@ -176,11 +183,18 @@ def main() -> int:
     from qsa_torch_shim import _direct
     from qsa_torch_shim import _private_api as P
 
-    default_prefetch = config.triton_prefetch
+    # Each pass: its name (None: the defaults) and the config functions it replaces.
+    passes = [(None, {})]
+    if a.prefetch_off:
+        passes.append(("prefetch off", dict(triton_prefetch=lambda *_: False)))
+    if a.f16_dot:
+        passes.append(("fp16 q.K^T", dict(triton_fp8_keys_f16_dot=lambda: True)))
+    defaults = {name: getattr(config, name) for _, knobs in passes for name in knobs}
 
-    def set_prefetch(off: bool):
-        config.triton_prefetch = (lambda *a: False) if off else default_prefetch
-        _direct._SIGNATURES.clear()  # plans (and their cached launches) hold the prefetch flag
+    def set_pass(knobs: dict):
+        for name, default in defaults.items():
+            setattr(config, name, knobs.get(name, default))
+        _direct._SIGNATURES.clear()  # plans (and their cached launches) hold the knobs
         jt._launch_plan.cache_clear()
     from qsa_testing import originals
 
@@ -197,15 +211,17 @@ def main() -> int:
             print("| rows | column | busy | eager | enqueue | x busy | x eager |")
             print("|---|---|---|---|---|---|---|")
             for rows in (int(r) for r in a.rows.split(",")):
-                for off in ((False, True) if a.prefetch_off else (False,)):
-                    set_prefetch(off)
+                for variant, knobs in passes:
+                    if variant == "fp16 q.K^T" and kv != "fp8":
+                        continue
+                    set_pass(knobs)
                     P.TRITON_PATHS.reset()
                     line = _measure(S, kernel_trace, mods, geo, pools, tp, kv, rows)
-                    line.update(prefetch_off=off, triton_launches=dict(fast=P.TRITON_PATHS.fast, jit=P.TRITON_PATHS.jit,
+                    line.update(variant=variant, triton_launches=dict(fast=P.TRITON_PATHS.fast, jit=P.TRITON_PATHS.jit,
                                                                       reason=P.TRITON_PATHS.last_reason))
                     _print(line)
                     results.append(line)
-                set_prefetch(False)
+                set_pass({})
                 records.dump_json(a.out, "triton_torch_ab.json", results)
     return 0
 

@@ -51,6 +51,11 @@ from qsa_jax.config import PallasLaunch, SparseAttentionConfig, TritonLaunch, se
 # entry (an all -inf tile would give inf - inf = NaN).
 MASKED_SCORE = -1.0e20
 LOG2_E = 1.4426950408889634
+# fp16 q.K^T for an fp8 cache (Pallas ``_f16_query``, the jax-triton kernel's QK_FP16):
+# q * 2^shift puts a row's largest |q| in [2^14, 2^15): below fp16's 65504, and every bf16
+# value down to 2^-32 of it keeps all 8 significant bits (fp16 subnormals reach 2^-24).
+F16_QUERY_TOP_EXPONENT = 14
+F16_QUERY_MAX_SHIFT = 126  # |shift| bound: 2^shift and 2^-shift stay normal fp32 (bf16 needs up to 113)
 
 
 @dataclasses.dataclass(frozen=True)

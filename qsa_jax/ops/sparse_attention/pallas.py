@@ -51,7 +51,8 @@ from qsa_jax import config
 from qsa_jax.config import pallas_launch
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 from qsa_jax.ops.sparse_attention.base import (
-    LOG2_E, MASKED_SCORE, SparseAttentionProblem, as_e4m3, head_row_stride, normalised, operand_dtypes)
+    F16_QUERY_MAX_SHIFT, F16_QUERY_TOP_EXPONENT, LOG2_E, MASKED_SCORE, SparseAttentionProblem, as_e4m3,
+    head_row_stride, normalised, operand_dtypes)
 
 def _attention_kernel(q_ref, k_ref, v_ref, idx_ref, bt_ref, req_ref, gate_ref, *refs,
                       p: SparseAttentionProblem, block_m: int, one_split: bool,
@@ -275,12 +276,6 @@ def selected_cache_rows(p: SparseAttentionProblem, idx_ref, bt_ref, row, request
     cache_row = jnp.where(
         valid, kv.row_index(page, lax.rem(safe_tok, kv.page_size), 0) + head_offset, 0)
     return cache_row, valid
-
-
-# q * 2^shift puts a row's largest |q| in [2^14, 2^15): below fp16's 65504, and every bf16
-# value down to 2^-32 of it keeps all 8 significant bits (fp16 subnormals reach 2^-24).
-F16_QUERY_TOP_EXPONENT = 14
-F16_QUERY_MAX_SHIFT = 126  # |shift| bound: 2^shift and 2^-shift stay normal fp32 (bf16 needs up to 113)
 
 
 def _f16_query(q, scale):

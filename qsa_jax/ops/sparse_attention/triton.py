@@ -26,9 +26,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from qsa_jax import config
 from qsa_jax.config import device_capability, next_pow2, triton_launch, triton_tile_induction, triton_tiling
 from qsa_jax.ops import _triton_support
-from qsa_jax.ops.sparse_attention.base import SparseAttentionProblem
+from qsa_jax.ops.sparse_attention.base import F16_QUERY_MAX_SHIFT, F16_QUERY_TOP_EXPONENT, SparseAttentionProblem
 
 # Optional dependency: the package must import without jax-triton.
 _jt, _k, _IMPORT_ERROR = _triton_support.load_kernels("qsa_jax.ops.sparse_attention.triton_kernels")
@@ -87,7 +88,8 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
         NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
         PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
         TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
-        KV_BYTES=p.kv_format == "e4m3_bytes", **strides)
+        KV_BYTES=p.kv_format == "e4m3_bytes", QK_FP16=p.is_fp8 and config.triton_fp8_keys_f16_dot(),
+        F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
     scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:
         return LaunchPlan((rows, kv.num_kv_heads, 1), scalars, tuple(split_meta.items()),

@@ -80,16 +80,45 @@ def _kv_tile(k_ptr, v_ptr, tok_in_page, page, ok, d_idx, head_base, q_dtype: tl.
     values = tl.load(v_ptr + V_OFFSET + base[:, None] + d_idx[None, :], mask=ok[:, None], other=0.0)
     if FP8:  # converted in registers after the masked load: exact for e4m3
         # K through fp16 (e4m3 -> fp16 is the hardware conversion; fp16 -> bf16 is
-        # exact here), as vLLM 0.34.0 does on the GPUs it supports.
+        # exact here), as vLLM 0.34.0 does on the GPUs it supports; with QK_FP16 q_dtype is
+        # fp16 and K stops there.
         values = _e4m3(values, KV_BYTES).to(tl.float16)
         keys_t = _e4m3(keys_t, KV_BYTES).to(tl.float16).to(q_dtype)
     return keys_t, values
 
 
 @triton.jit
-def _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max, scale_log2):
-    """One tile of the online softmax in base 2: (acc, norm, run_max) after it."""
-    scores = tl.dot(query, keys_t) * scale_log2
+def _f16_query(query, TOP_EXPONENT: tl.constexpr, MAX_SHIFT: tl.constexpr):
+    """(q * 2^shift as fp16 ``[BLOCK_M, D]``, 2^-shift ``[BLOCK_M]``), one power-of-two shift
+    per query row that puts the row's largest |q| in [2^TOP_EXPONENT, 2^(TOP_EXPONENT + 1)).
+
+    For q.K^T against an fp16 K (fp8 cache, QK_FP16): e4m3 -> fp16 is one conversion per
+    pair, where a bf16 q needs K as bf16 (e4m3 -> fp16 -> fp32 -> bf16) in every tile; q is
+    converted once per program instead. Every product is the bf16 path's exact product times
+    2^shift (bf16 q within 2^-32 of its row's largest keeps all 8 significant bits in fp16;
+    e4m3 -> fp16 is exact), so the scaled scores times 2^-shift are the bf16 path's scores
+    when the fp16 and bf16 MMAs sum their exact products alike (``pallas._f16_query``: on the
+    H200 the Pallas kernel's outputs were bit-identical, session 7). The scale-back is its
+    own multiply, before the score scale: folded into the scale (as Pallas does) it is inexact
+    where scale * 2^-shift falls below fp32's normal range."""
+    qf = query.to(tl.float32)
+    top = tl.max(tl.abs(qf), axis=1)
+    exponent = ((top.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    shift = tl.minimum(tl.maximum(TOP_EXPONENT - exponent, -MAX_SHIFT), MAX_SHIFT)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2^shift
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)  # 2^-shift
+    return (qf * up[:, None]).to(tl.float16), down
+
+
+@triton.jit
+def _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max, scale_log2, row_down,
+                         QK_FP16: tl.constexpr):
+    """One tile of the online softmax in base 2: (acc, norm, run_max) after it.
+    QK_FP16: ``query`` is ``_f16_query``'s and ``row_down`` its 2^-shift per row."""
+    if QK_FP16:
+        scores = (tl.dot(query, keys_t) * row_down[:, None]) * scale_log2
+    else:
+        scores = tl.dot(query, keys_t) * scale_log2
     scores = tl.where(ok[None, :], scores, -1.0e20)
     new_max = tl.maximum(run_max, tl.max(scores, axis=1))
     alpha = tl.math.exp2(run_max - new_max)
@@ -130,6 +159,9 @@ def sparse_attention_split_kernel(
     SCALED: tl.constexpr,  # k/v scales given: vLLM 0.34.0's scale and normalisation
     FP8: tl.constexpr,  # e4m3 cache: K -> bf16 for q.K^T, V and P -> fp16 for P.V
     KV_BYTES: tl.constexpr,  # the e4m3 cache arrives as uint8 bytes
+    QK_FP16: tl.constexpr,  # FP8 only: q.K^T in fp16, q rescaled per row (_f16_query)
+    F16_TOP_EXPONENT: tl.constexpr,  # _f16_query's constants (base.F16_QUERY_*)
+    F16_MAX_SHIFT: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -151,6 +183,10 @@ def sparse_attention_split_kernel(
     q_offsets = (Q_OFFSET + row * Q_ROW_STRIDE + (first_head + m_idx[:, None]) * Q_HEAD_STRIDE) * D \
         + d_idx[None, :]
     query = tl.load(q_ptr + q_offsets, mask=head_ok[:, None], other=0.0)
+    if QK_FP16:  # K then converts to fp16 only (_kv_tile takes query.dtype)
+        query, row_down = _f16_query(query, F16_TOP_EXPONENT, F16_MAX_SHIFT)
+    else:
+        row_down = 1.0  # unused
 
     if SCALED:
         scale_log2 = tl.load(scale_ptr)
@@ -175,7 +211,7 @@ def sparse_attention_split_kernel(
             keys_t, values = _kv_tile(k_ptr, v_ptr, tok_in_page, page, ok, d_idx, head_base, query.dtype,
                                       STRIDE_PAGE, STRIDE_TOKEN, V_OFFSET, FP8, KV_BYTES)
             acc, norm, run_max = _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max,
-                                                      scale_log2)
+                                                      scale_log2, row_down, QK_FP16)
     else:
         my_tiles = (tl.maximum(n_tiles - split, 0) + NUM_SPLITS - 1) // NUM_SPLITS
         tile = split
@@ -194,7 +230,7 @@ def sparse_attention_split_kernel(
                                                                bt_row_offset, tile, req_ok, n_tiles,
                                                                num_pages, W, PAGE, BTW, BLOCK_N)
             acc, norm, run_max = _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max,
-                                                      scale_log2)
+                                                      scale_log2, row_down, QK_FP16)
             if PREFETCH:
                 tok_in_page, page, ok = next_tok, next_page, next_ok
 
