@@ -680,7 +680,9 @@ def triton_fp8_keys_f16_dot() -> bool:
     (``pallas_fp8_keys_f16_dot``) was bit-identical on the H200 but only timed together
     with another knob that made it 2x slower (XLA's Triton; notes/pallas.md session 7).
     Off until timed on the GPU (``tools/sessions/gpu_session14_a.sh``). A function so
-    that tests and the benchmark can switch it.
+    that tests and the benchmark can switch it; it is read into the launch plan, so a switch
+    in a running process needs ``triton._launch_plan.cache_clear()``, JAX's caches of the
+    traced call (``api._run.clear_cache()``) and, for the shim, ``_direct._SIGNATURES.clear()``.
     """
     return False
 

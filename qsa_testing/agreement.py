@@ -11,13 +11,17 @@ their golden files, or the tiling-faithful oracle with the same config) must rep
   rounding step; a one-ulp *bug* (an fp16 sigmoid, a rounding in the wrong place) moves
   many elements by one or two steps in a correlated way and shows in this count long
   before it moves the Frobenius error.
-* a lone rounding tie is not a Frobenius failure: when the difference is confined to at most
-  ``FIDELITY_TIE_VECTORS`` (row, head) vectors, each within one bf16 rounding step of its own
-  norm (``‖Δv‖ ≤ 2^-7 ‖v‖``), the Frobenius bar is waived. A tie in one intermediate rounding
-  (a running maximum, a normaliser, a partial's bf16) moves one vector by one step; on a
-  few-hundred-element output that single tie alone exceeds 3e-4 (the 10-row interpreter case
-  at seed 445503139: 5.8e-4, with vLLM 0.30.0 itself bit-identical to the kernel). At the real
-  shapes faithful differences spread over many vectors and the bar applies as written.
+* a lone rounding tie is not a Frobenius failure: when the difference is confined to one
+  (row, head) vector of a ``[..., H, D]`` output (``FIDELITY_TIE_VECTORS``) and within one
+  rounding step of that vector's norm (``‖Δv‖ ≤ 2^-7 ‖v‖``), the Frobenius bar is waived.
+  One tie in an intermediate rounding (a bf16 probability, a running maximum, a normaliser)
+  moves one vector by about one step of its scale; on a few-hundred-element output that tie
+  alone exceeds 3e-4 (the 10-row interpreter case at seed 445503139: 5.8e-4, with vLLM 0.30.0
+  itself bit-identical to the kernel). The bound is the vector's, not each element's: a tie
+  in a probability adds ``Δp · V[j]`` to every element, so small elements move by many of
+  their own ulps (4-11 ulps of a 0.01 element next to 0.2 ones). On 1500 random 10-row
+  cases faithful differences never touched a second vector (docs/spec.md §6.2); at the real
+  shapes they spread over many vectors and the bar applies as written.
 * no NaN, and exact zeros where a whole (row, head) vector of the reference is zero (a row
   with nothing valid). An isolated zero inside a nonzero vector is a value that an fp32
   sum happened to cancel to exactly 0 (seen once in 25 M elements on the GPU); it is held
@@ -41,7 +45,7 @@ import numpy as np
 
 FIDELITY_REL_BAR = 3e-4
 FIDELITY_ULP_FRACTION = 0.01
-FIDELITY_TIE_VECTORS = 2
+FIDELITY_TIE_VECTORS = 1
 _ONE_ROUNDING_STEP = 2.0 ** -7  # the largest relative bf16 spacing (at 1.0)
 ACCURACY_FACTOR = 1.10
 
@@ -92,9 +96,11 @@ def _verdict(res: dict, why: list[str], what: str, a, bad_zero, zero_rule: str) 
 
 
 def _tie_vectors(a, r) -> int | None:
-    """The number of differing (row, head) vectors (last axis) when there are at most
-    ``FIDELITY_TIE_VECTORS`` of them, each within one rounding step of its own norm; else None."""
-    if r.ndim == 0 or r.size == 0:
+    """The number of differing (row, head) vectors (the last axis of a ``[..., H, D]``
+    output) when there are at most ``FIDELITY_TIE_VECTORS`` of them, each within one
+    rounding step of its own norm; else None (also for outputs of fewer than three axes,
+    where the last axis is not one head's vector)."""
+    if r.ndim < 3 or r.size == 0:
         return None
     differs = np.any(a != r, axis=-1)
     if differs.sum() > FIDELITY_TIE_VECTORS:

@@ -53,9 +53,12 @@ MASKED_SCORE = -1.0e20
 LOG2_E = 1.4426950408889634
 # fp16 q.K^T for an fp8 cache (Pallas ``_f16_query``, the jax-triton kernel's QK_FP16):
 # q * 2^shift puts a row's largest |q| in [2^14, 2^15): below fp16's 65504, and every bf16
-# value down to 2^-32 of it keeps all 8 significant bits (fp16 subnormals reach 2^-24).
+# value down to 2^-31 of it keeps all 8 significant bits (its last bit stays >= 2^-24, fp16's
+# subnormal spacing); smaller ones lose low bits, far below the scores' fp32 rounding.
 F16_QUERY_TOP_EXPONENT = 14
-F16_QUERY_MAX_SHIFT = 126  # |shift| bound: 2^shift and 2^-shift stay normal fp32 (bf16 needs up to 113)
+# |shift| bound: 2^shift and 2^-shift stay normal fp32 (the largest bf16 needs -113; rows
+# whose largest |q| is below 2^-112 are clamped, which only moves them lower in fp16's range).
+F16_QUERY_MAX_SHIFT = 126
 
 
 @dataclasses.dataclass(frozen=True)

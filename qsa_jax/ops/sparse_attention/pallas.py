@@ -285,7 +285,7 @@ def _f16_query(q, scale):
     every K element of every tile, for one rescale of q per program. The scores are the
     bf16 product's bit for bit when the fp16 dot sums its products as the bf16 dot does
     (config.pallas_fp8_keys_f16_dot): q * 2^shift is exact (power of two, in range) and
-    exactly representable in fp16 for every element within 2^-32 of the row's largest;
+    exactly representable in fp16 for every element within 2^-31 of the row's largest;
     each product q_i * 2^shift * k_i is exact, so the fp32 sum is the bf16 one times
     2^shift (scaling by a power of two commutes with rounding away from under/overflow),
     and (sum * 2^shift) * (scale * 2^-shift) rounds once to the same value as sum * scale.

@@ -95,7 +95,7 @@ def _f16_query(query, TOP_EXPONENT: tl.constexpr, MAX_SHIFT: tl.constexpr):
     For q.K^T against an fp16 K (fp8 cache, QK_FP16): e4m3 -> fp16 is one conversion per
     pair, where a bf16 q needs K as bf16 (e4m3 -> fp16 -> fp32 -> bf16) in every tile; q is
     converted once per program instead. Every product is the bf16 path's exact product times
-    2^shift (bf16 q within 2^-32 of its row's largest keeps all 8 significant bits in fp16;
+    2^shift (bf16 q within 2^-31 of its row's largest keeps all 8 significant bits in fp16;
     e4m3 -> fp16 is exact), so the scaled scores times 2^-shift are the bf16 path's scores
     when the fp16 and bf16 MMAs sum their exact products alike (``pallas._f16_query``: on the
     H200 the Pallas kernel's outputs were bit-identical, session 7). The scale-back is its
