@@ -158,6 +158,10 @@ def main() -> int:
                     for name in knobs:
                         setattr(config, name, lambda *args, _k=name in knob_set, **kw: _k)
                     jitted_call.clear_cache()  # the knobs are read while the call is traced
+                    if a.impl != "pallas":  # and into the jax-triton launch plans
+                        from qsa_jax.ops.sparse_attention import triton as jt
+
+                        jt._launch_plan.cache_clear()
                     try:
                         build = (table_fn(case) if v is None else
                                  triton_fn(case, spec, v) if a.impl == "triton" else hs.build_fn(case, v))

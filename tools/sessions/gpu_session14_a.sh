@@ -6,7 +6,9 @@
 #     TP1 shapes, the fp8 launches bn32/1 warp/2 splits, bn32/2/4, bn64/2/1; query heads 2^35 apart);
 #  2. tools/triton_torch_ab.py --f16-dot, TP1/TP4, bf16 and fp8, 64-4096 rows: busy time of the
 #     split kernel with and without the knob against vLLM 0.34.0, in one process;
-#  3. compute-sanitizer memcheck of the jax-triton kernels (defaults; owed since session 13).
+#  3. tools/fp8_kernel_ab.py: the knob at the table's launch and three others (1024/4096 programs),
+#     bit-identity per launch;
+#  4. compute-sanitizer memcheck of the jax-triton kernels (defaults; owed since session 13).
 # Prediction (CPU sm_90 compile, notes/triton.md session 14): the tile loop 2184 -> 1814 SASS
 # instructions at the one-warp fp8 launches (-17%; TP4 -18%, 64/1/2 -20% with fewer spills), same
 # registers. If the one-warp fp8 kernel is issue-bound, fp8 busy time -12 to -17% from 512 rows:
@@ -22,5 +24,10 @@ echo "knob bit-identity rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kn
 timeout -s INT 300 python3 tools/triton_torch_ab.py --rows 64,512,1024,2048,4096 --tp TP1,TP4 --kv bf16,fp8 \
   --f16-dot --out "$OUT/ab" 2>&1 | grep -v -i warn > "$OUT/ab.log"; echo "ab rc=$?"
 python3 tools/triton_torch_ab.py --summarize "$OUT/ab/triton_torch_ab.json"
+# The knob at other launches than the table's (it may move the best launch): jax-triton through
+# JAX, same selections, knob off then on, bit-identity per launch, against 0.34.0 at its tiling.
+timeout -s INT 200 python3 tools/fp8_kernel_ab.py --impl triton --programs 1024,4096 --geometries TP1,TP4 \
+  --configs table,32/2/2/2,64/1/2/2,32/4/1/2 --knob triton_fp8_keys_f16_dot --out "$OUT/fp8_ab" \
+  > "$OUT/fp8_ab.log" 2>&1; echo "fp8_kernel_ab rc=$?"; grep -E "knob=|bit-identical" "$OUT/fp8_ab.log" | tail -40
 PART_TIMEOUT=60 IMPLS=triton bash tools/gpu_memcheck_parts.sh > "$OUT/memcheck_triton.log" 2>&1
 echo "compute-sanitizer memcheck:"; grep -h MEMCHECK "$OUT/memcheck_triton.log"
