@@ -267,9 +267,10 @@ def test_fidelity_waives_the_frobenius_bar_for_a_lone_rounding_tie():
     assert agreement.assert_fidelity(spread, ref)["tie_vectors"] == 1
     # No tie: a second differing vector; the vector moved by more than one step of its norm.
     two = tie.copy()
-    two[1, 0, 0] += step[1, 0, 0]
+    other = ((big[0] + 1) % 3, 0, 0)  # another row, so that no coarser grouping sees one vector
+    two[other] += step[other]
     far = ref.copy()
-    far[big[:2]] += 0.01 * np.abs(ref[big[:2]])
+    far[big[:2]] += 0.03 * np.abs(ref[big[:2]])  # 4x the one-step bound (2^-7)
     for name, bad in (("two", two), ("far", far)):
         with pytest.raises(AssertionError, match="relative Frobenius error"):
             agreement.assert_fidelity(bad, ref, what=name)

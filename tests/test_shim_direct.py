@@ -457,6 +457,8 @@ def _variants(torch, case, C, kv_views, t):
     yield "split", t(case.q), *split, None
     yield "e4m3", t(case.q), *kv_views(e4m3, d), (0.5, 2.0)
     yield "e4m3_bytes", t(case.q), *kv_views(e4m3.view(torch.uint8), d), (0.5, 2.0)
+    # Another pair after the first: the route caches the pair's device tensor per value.
+    yield "e4m3_other_scales", t(case.q), *kv_views(e4m3, d), (0.25, 1.0)
 
 
 def interpret_main() -> int:

@@ -400,6 +400,9 @@ def _interpret_fp8_cases(sbase, stri) -> int:
     extreme[1, 1] *= 2.0 ** 33
     extreme[2, 2] *= 2.0 ** 40
     extreme[2, 3] = 0.0
+    # A head whose largest |q| is in [2^-114, 2^-113): the shift that puts it at 2^14 would be
+    # 128, past fp32's exponent range, so _f16_query clamps it (126).
+    extreme[0, 1] *= 2.0 ** (-114 - np.floor(np.log2(np.abs(extreme[0, 1]).max())))
     extreme = extreme.astype(case.q.dtype)
     from qsa_jax import config
 
@@ -415,13 +418,17 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                         case.token_to_req, case.output_gate, block_n=cfg.block_n, num_tiles=cfg.num_tiles,
                         num_splits=cfg.num_splits, k_scale=0.5, v_scale=2.0)
                     outputs = []
-                    for f16_dot in ((False, True) if fmt != "bf16_scaled" else (False,)):
+                    # The knob on with a bf16 cache must change nothing (QK_FP16 is fp8's only).
+                    for f16_dot in (False, True):
                         config.triton_fp8_keys_f16_dot = lambda f16_dot=f16_dot: f16_dot
                         stri._launch_plan.cache_clear()
                         problem = sbase.check_sparse_attention_args(
                             q, kv, case.logical_indices, case.block_table, case.token_to_req,
                             case.output_gate, use_prefill_config=False, config=cfg, scales_given=(True, True))
-                        assert dict(stri.launch_plan(problem).split_meta)["QK_FP16"] == f16_dot
+                        qk_fp16 = dict(stri.launch_plan(problem).split_meta)["QK_FP16"]
+                        if qk_fp16 != (f16_dot and fmt != "bf16_scaled"):
+                            failures += 1
+                            print(f"FAIL {fmt} launched with QK_FP16={qk_fp16} (knob {f16_dot})")
                         scales = sbase.scale_operand(problem, 0.5, 2.0)
                         got = stri.run(problem, jnp.asarray(q), (jnp.asarray(kv),),
                                        jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
@@ -433,11 +440,10 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                         ok = err <= 1e-4 and not np.isnan(got).any()
                         if f16_dot and not np.array_equal(outputs[0], outputs[-1]):
                             ok = False
-                            print(f"  fp16 q.K^T differs from the bf16 dot in {(outputs[0] != outputs[-1]).sum()} "
-                                  "elements")
+                            print(f"  the knob changed {(outputs[0] != outputs[-1]).sum()} elements")
                         failures += not ok
                         print(f"sparse_attention fp8 {fmt} {q_name} splits={cfg.num_splits}"
-                              f"{' fp16 q.K^T' if f16_dot else ''} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+                              f"{' knob on' if f16_dot else ''} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
     finally:
         config.triton_fp8_keys_f16_dot = default_f16_dot
         stri._launch_plan.cache_clear()
@@ -724,6 +730,38 @@ def test_split_kernel_tile_loop_form_per_launch(tmp_path):
     few, many = planned(1), planned(64)
     assert few is True and many is False
     assert loop(1, (32, 64, 4), few) < 0.6 * loop(1, (32, 64, 4), not few)
+
+
+def test_fp16_keys_knob_reaches_fp8_launches_only(monkeypatch):
+    """``config.triton_fp8_keys_f16_dot`` turns on QK_FP16 in the launch plans of fp8 caches
+    (e4m3 values and bytes) and of no bf16 cache, scaled or not; off, in none."""
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax import config
+    from qsa_jax.ops.sparse_attention import base as sbase
+    from qsa_jax.ops.sparse_attention import triton as stri
+
+    s = jax.ShapeDtypeStruct
+    rows, w = 8, 2051
+
+    def qk_fp16(cache_dtype, scaled):
+        problem = sbase.check_sparse_attention_args(
+            s((rows, 24, 256), jnp.bfloat16), s((64, 2, 64, 512), cache_dtype), s((rows, w + 1), jnp.int32),
+            s((2, 64), jnp.int32), s((rows,), jnp.int32), s((rows, 24 * 256), jnp.bfloat16),
+            use_prefill_config=False, config=None, scales_given=(scaled, scaled))
+        stri._launch_plan.cache_clear()
+        return dict(stri.launch_plan(problem).split_meta)["QK_FP16"]
+
+    cases = [(jnp.float8_e4m3fn, True, True), (jnp.uint8, True, True), (jnp.bfloat16, True, False),
+             (jnp.bfloat16, False, False)]
+    try:
+        for knob in (True, False):
+            monkeypatch.setattr(config, "triton_fp8_keys_f16_dot", lambda knob=knob: knob)
+            got = [qk_fp16(dtype, scaled) for dtype, scaled, _ in cases]
+            assert got == [knob and fp8 for *_, fp8 in cases], (knob, got)
+    finally:
+        stri._launch_plan.cache_clear()
 
 
 def test_split_kernel_fp16_keys_drop_the_bf16_conversions(tmp_path):
