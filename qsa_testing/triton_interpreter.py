@@ -2,7 +2,7 @@
 
 Two users: the jax-triton kernels of this package (tests/test_triton.py) and the originals
 themselves (tests/test_originals_interpreter.py), both at reduced sizes. Triton 3.6's
-interpreter, under NumPy 2, gets four things wrong that these kernels rely on;
+interpreter, under NumPy 2, gets five things wrong that these kernels rely on;
 ``patch_interpreter`` fixes them for the current process, at test time (nothing of Triton is
 vendored or edited on disk):
 
@@ -10,7 +10,10 @@ vendored or edited on disk):
 * bf16 ``tl.dot`` multiplies the raw 16-bit patterns instead of the values;
 * fp32 -> bf16 casts truncate where the GPU rounds to nearest even;
 * a comparison keeps its left operand's dtype (an fp32 0/1 array), so ``mask & (x > y)``
-  with a float ``x`` fails in NumPy (the originals' split merge does exactly that).
+  with a float ``x`` fails in NumPy (the originals' split merge does exactly that);
+* e4m3 (``float8e4nv``) NaN, the codes 0x7F and 0xFF, converts to +-480 (the bit arithmetic
+  reads it as a normal number) where the GPU's conversion gives NaN, so NaN poison in an fp8
+  cache is invisible to a stray read (a load without its mask passed the fp8 cases).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ _PATCHED = False
 
 
 def patch_interpreter() -> None:
-    """Apply the four fixes above (idempotent; affects interpreter mode only)."""
+    """Apply the five fixes above (idempotent; affects interpreter mode only)."""
     global _PATCHED
     if _PATCHED:
         return
@@ -73,6 +76,22 @@ def patch_interpreter() -> None:
     for name in dir(ti.InterpreterBuilder):
         if name.startswith(("create_icmp", "create_fcmp")):
             setattr(ti.InterpreterBuilder, name, boolean(getattr(ti.InterpreterBuilder, name)))
+
+    convert = ti._convert_float  # every float conversion of the interpreter goes through it
+    float_of_bits = {16: np.float16, 32: np.float32}
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        out = convert(input, input_dtype, output_dtype, rounding_mode)
+        if input_dtype == tl.float8e4nv:
+            nan = (np.frombuffer(np.ascontiguousarray(input).tobytes(), np.uint8) & 0x7F) == 0x7F
+            if nan.any():
+                as_float = (ml_dtypes.bfloat16 if output_dtype == tl.bfloat16
+                            else float_of_bits[output_dtype.primitive_bitwidth])
+                out = out.copy()
+                out.reshape(-1)[nan] = np.array(np.nan, as_float).view(out.dtype)
+        return out
+
+    ti._convert_float = convert_float
     _PATCHED = True
 
 

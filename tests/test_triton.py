@@ -444,6 +444,50 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                         failures += not ok
                         print(f"sparse_attention fp8 {fmt} {q_name} splits={cfg.num_splits}"
                               f"{' knob on' if f16_dot else ''} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+        # Degenerate rows and poison with an fp8 cache, in both layouts: every edge-row kind,
+        # K 64 * 3 (finite in e4m3) and V NaN in every cache row no valid entry reads.
+        rng = np.random.default_rng(23)
+        edge = C.sparse_attention_case(rng, name="fp8_edge", rows=10, num_query_heads=4, num_kv_heads=2,
+                                       head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
+                                       num_requests=4)
+        edge = C.poison_unread_values(C.add_edge_rows(rng, edge))
+        # A masked-off entry's address is clamped to page 0 (max(page, 0)): a page that holds
+        # only poison, so that a load without its mask shows too.
+        kv32 = edge.kv_cache.astype(np.float32)
+        poison_page = np.concatenate([np.full_like(kv32[:1, ..., :d], 64.0), np.full_like(kv32[:1, ..., d:], np.nan)],
+                                     axis=-1)
+        edge.kv_cache = np.concatenate([poison_page, kv32]).astype(C.BF16)
+        edge.kv_shape = edge.kv_cache.shape
+        edge.block_table = np.where(edge.block_table >= 0, edge.block_table + 1, edge.block_table)
+        fused = (edge.kv_cache.astype(np.float32) * 3.0).astype(ml_dtypes.float8_e4m3fn)
+        split = fused.transpose(0, 2, 1, 3)
+        k8, v8 = np.ascontiguousarray(split[..., :d]), np.ascontiguousarray(split[..., d:])
+        assert np.isnan(v8.astype(np.float32)).any()
+        for f16_dot in (False, True):
+            config.triton_fp8_keys_f16_dot = lambda f16_dot=f16_dot: f16_dot
+            stri._launch_plan.cache_clear()
+            for layout, kv in (("fused", (fused,)), ("split", (k8, v8))):
+                problem = sbase.check_sparse_attention_args(
+                    edge.q, kv[0] if layout == "fused" else kv, edge.logical_indices, edge.block_table,
+                    edge.token_to_req, edge.output_gate, use_prefill_config=False, config=None,
+                    scales_given=(True, True))
+                cfg = problem.config
+                ref = oracle.sparse_attention_oracle(
+                    edge.q, k8, v8, edge.logical_indices, edge.block_table, edge.token_to_req, edge.output_gate,
+                    block_n=cfg.block_n, num_tiles=cfg.num_tiles, num_splits=cfg.num_splits,
+                    k_scale=0.5, v_scale=2.0)
+                got = stri.run(problem, jnp.asarray(edge.q), tuple(jnp.asarray(a) for a in kv),
+                               jnp.asarray(edge.logical_indices), jnp.asarray(edge.block_table),
+                               jnp.asarray(edge.token_to_req), jnp.asarray(edge.output_gate),
+                               sbase.scale_operand(problem, 0.5, 2.0))
+                got = np.asarray(got, np.float64)
+                err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+                zeros = np.all(ref == 0, axis=-1)
+                ok = (err <= 1e-4 and not np.isnan(got).any() and zeros.any()
+                      and not got[zeros].any())
+                failures += not ok
+                print(f"sparse_attention fp8 edge+poison {layout} splits={cfg.num_splits}"
+                      f"{' knob on' if f16_dot else ''} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
     finally:
         config.triton_fp8_keys_f16_dot = default_f16_dot
         stri._launch_plan.cache_clear()
@@ -730,6 +774,25 @@ def test_split_kernel_tile_loop_form_per_launch(tmp_path):
     few, many = planned(1), planned(64)
     assert few is True and many is False
     assert loop(1, (32, 64, 4), few) < 0.6 * loop(1, (32, 64, 4), not few)
+
+
+def test_interpreter_patch_converts_e4m3_nan_to_nan():
+    """Triton 3.6's interpreter turns the e4m3 NaN codes into +-480 (the GPU gives NaN), which
+    hid NaN poison from the fp8 interpreter cases; ``patch_interpreter`` fixes that, for every
+    float target, and leaves the other codes as the interpreter converts them."""
+    pytest.importorskip("triton")
+    import ml_dtypes
+    import triton.language as tl
+    import triton.runtime.interpreter as ti
+
+    from qsa_testing.triton_interpreter import patch_interpreter
+
+    patch_interpreter()
+    codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    want = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    for dst, np_dtype in ((tl.float16, np.float16), (tl.float32, np.float32), (tl.bfloat16, ml_dtypes.bfloat16)):
+        got = np.asarray(ti._convert_float(codes, tl.float8e4nv, dst, None)).view(np_dtype).reshape(codes.shape)
+        np.testing.assert_array_equal(got.astype(np.float32), want, err_msg=str(dst))
 
 
 def test_fp16_keys_knob_reaches_fp8_launches_only(monkeypatch):
