@@ -144,6 +144,33 @@ def test_bf16_gradients_against_the_floor(impl, config, page):
     assert (dkv.transpose(0, 2, 1, 3)[~referenced] == 0).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("page", [8, 16], ids=["page8", "page16"])
+def test_nan_in_unreferenced_k_and_v_never_reaches_a_gradient(impl, page):
+    """NaN in both halves of every cache row no valid entry reads, and a page 0 of nothing
+    but NaN (where masked-off entries' addresses are clamped): in the backward a stray K
+    shows too (dq = dS.K, 0 x NaN), unlike in the forward (docs/spec.md §6.5). A K or V
+    multiplied by a validity mask instead of selected passed every other test."""
+    case, rng = _case(seed=5, rows=6, heads=12, hk=2, d=32, page=page, blocks=12 * 8 // page, context=64)
+    referenced = C.referenced_rows(case)
+    kv = np.concatenate([np.zeros_like(case.kv_cache[:1]), case.kv_cache])  # page 0: poison only
+    bits = kv.view(np.uint16)
+    stray = np.ones(kv.shape[:3], bool)
+    stray[1:] = ~referenced[:, None, :]
+    bits[stray] = C.BF16_NAN_BITS
+    case = dataclasses.replace(case, kv_cache=kv,
+                               block_table=np.where(case.block_table >= 0, case.block_table + 1,
+                                                    case.block_table).astype(case.block_table.dtype))
+    assert np.array_equal(C.referenced_rows(case)[1:], referenced) and not C.referenced_rows(case)[0].any()
+    ct = C.bf16_random(rng, case.q.shape)
+    out, grads = _vjp(case, impl, ct)
+    assert not np.isnan(np.asarray(out.astype(jnp.float32))).any()
+    for name, g in zip(("q", "kv", "gate"), grads):
+        assert not np.isnan(np.asarray(g.astype(jnp.float32))).any(), name
+    dkv = np.asarray(grads[1].astype(jnp.float32)).transpose(0, 2, 1, 3)
+    assert (dkv[~C.referenced_rows(case)] == 0).all() and dkv[C.referenced_rows(case)].any()
+
+
 @pytest.mark.parametrize("kw,layout,pool,rows", [
     (dict(order="sorted"), "fused", None, 5), (dict(order="sorted", num_splits=3, block_n=16), "fused", None, 5),
     (dict(order="selection", num_splits=3, block_n=16), "fused", None, 5),
