@@ -93,17 +93,23 @@ def test_a_shard_takes_the_tiling_of_its_own_shape():
                 s((rows, 2052), jnp.int32), s((8, 6), jnp.int32), s((rows,), jnp.int32),
                 s((rows, heads, 256), jnp.bfloat16))
 
-    local = arrays(4096, 12, 1)
+    # The prefill flag reaches the shard (4096 rows x 1 KV head: its tiling differs from the
+    # decode one), and a decode batch whose shard's table entry differs from the whole's (a
+    # shard that kept the global tiling passed the prefill case alone: there both are equal).
     assert select_config(4096, 1, True, 2051) != select_config(4096, 1, False, 2051)
-    for explicit in (None, (64, 4, 8, 2)):
-        q, (kv,), *rest = arrays(8192, 24, 2)
-        problem = check_sparse_attention_args(q, kv, *rest, use_prefill_config=True, config=explicit)
-        seen = []
-        _sharding._attention_local((lambda p, *a: seen.append(p), problem),
-                                   {"rows": ("data",), "heads": ("model",), "kv_heads": ("model",)}, *local)
-        (p,) = seen
-        assert (p.num_rows, p.num_query_heads, p.kv.num_kv_heads) == (4096, 12, 1)
-        assert tuple(p.config) == (tuple(explicit) if explicit else tuple(select_config(4096, 1, True, 2051)))
+    assert select_config(512, 2, False, 2051) != select_config(128, 1, False, 2051)
+    for (rows, local_rows), prefill in (((8192, 4096), True), ((512, 128), False)):
+        local = arrays(local_rows, 12, 1)
+        for explicit in (None, (64, 4, 8, 2)):
+            q, (kv,), *rest = arrays(rows, 24, 2)
+            problem = check_sparse_attention_args(q, kv, *rest, use_prefill_config=prefill, config=explicit)
+            seen = []
+            _sharding._attention_local((lambda p, *a: seen.append(p), problem),
+                                       {"rows": ("data",), "heads": ("model",), "kv_heads": ("model",)}, *local)
+            (p,) = seen
+            assert (p.num_rows, p.num_query_heads, p.kv.num_kv_heads) == (local_rows, 12, 1)
+            assert tuple(p.config) == (tuple(explicit) if explicit
+                                       else tuple(select_config(local_rows, 1, prefill, 2051)))
 
 
 def test_vmap_of_the_forward_still_batches():
