@@ -208,6 +208,30 @@ def poison_unread_values(case: SparseAttentionCase, config=None) -> SparseAttent
     return case
 
 
+def small_edge_case(rng: np.random.Generator, name: str, *, rows: int = 10,
+                    selection_blocks: int = 8) -> SparseAttentionCase:
+    """The CPU checks' small fresh case: 4 query heads on 2 KV heads, D 16, pages of 8, 4
+    requests of 64 tokens, every degenerate row kind (``add_edge_rows``; 10 rows hold one of
+    each) and finite-K / NaN-V poison in every unread cache row (``poison_unread_values``)."""
+    case = sparse_attention_case(rng, name=name, rows=rows, num_query_heads=4, num_kv_heads=2, head_dim=16,
+                                 page_size=8, selection_blocks=selection_blocks, context_tokens=64,
+                                 num_requests=4)
+    return poison_unread_values(add_edge_rows(rng, case))
+
+
+def prepend_poison_page(case: SparseAttentionCase, k_value: float, v_value: float) -> SparseAttentionCase:
+    """``case`` with a new physical page 0 holding only ``k_value`` in K and ``v_value`` in V,
+    every other page moved up by one in the block table. A masked-off entry's address is
+    clamped to page 0 (``max(page, 0)``), so a load without its mask then reads poison even
+    where the old page 0 was referenced."""
+    d = case.head_dim
+    kv = case.kv_cache.astype(np.float32)
+    page = np.concatenate([np.full_like(kv[:1, ..., :d], k_value), np.full_like(kv[:1, ..., d:], v_value)], axis=-1)
+    table = case.block_table
+    return dataclasses.replace(case, kv_cache=np.concatenate([page, kv]).astype(BF16),
+                               block_table=np.where(table >= 0, table + 1, table).astype(table.dtype))
+
+
 def add_edge_rows(rng: np.random.Generator, case: SparseAttentionCase) -> SparseAttentionCase:
     """Rewrite rows of a case (in place) into every degenerate kind, cycling.
 

@@ -153,14 +153,9 @@ def test_nan_in_unreferenced_k_and_v_never_reaches_a_gradient(impl, page):
     multiplied by a validity mask instead of selected passed every other test."""
     case, rng = _case(seed=5, rows=6, heads=12, hk=2, d=32, page=page, blocks=12 * 8 // page, context=64)
     referenced = C.referenced_rows(case)
-    kv = np.concatenate([np.zeros_like(case.kv_cache[:1]), case.kv_cache])  # page 0: poison only
-    bits = kv.view(np.uint16)
-    stray = np.ones(kv.shape[:3], bool)
-    stray[1:] = ~referenced[:, None, :]
-    bits[stray] = C.BF16_NAN_BITS
-    case = dataclasses.replace(case, kv_cache=kv,
-                               block_table=np.where(case.block_table >= 0, case.block_table + 1,
-                                                    case.block_table).astype(case.block_table.dtype))
+    kv = case.kv_cache.copy()
+    kv.view(np.uint16)[np.broadcast_to(~referenced[:, None, :], kv.shape[:3])] = C.BF16_NAN_BITS
+    case = C.prepend_poison_page(dataclasses.replace(case, kv_cache=kv), np.nan, np.nan)
     assert np.array_equal(C.referenced_rows(case)[1:], referenced) and not C.referenced_rows(case)[0].any()
     ct = C.bf16_random(rng, case.q.shape)
     out, grads = _vjp(case, impl, ct)

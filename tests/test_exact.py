@@ -287,10 +287,7 @@ def test_fidelity_passes_the_tie_ci_met():
     from qsa_jax.ops.sparse_attention import base as sbase
 
     rng = np.random.default_rng(445503139)
-    case = C.sparse_attention_case(rng, name="fresh_edge", rows=10, num_query_heads=4, num_kv_heads=2,
-                                   head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
-                                   num_requests=4)
-    case = C.poison_unread_values(C.add_edge_rows(rng, case))
+    case = C.small_edge_case(rng, "fresh_edge")
     cfg = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
                                             case.token_to_req, case.output_gate, use_prefill_config=False,
                                             config=None).config

@@ -85,9 +85,7 @@ def _sparse(orig, rng, name, blocks, splits):
     from qsa_testing.torch_interop import kv_views, to_numpy, to_torch
 
     rows = 10  # one of each degenerate row kind
-    case = C.sparse_attention_case(rng, name=name, rows=rows, num_query_heads=4, num_kv_heads=2, head_dim=16,
-                                   page_size=8, selection_blocks=blocks, context_tokens=64, num_requests=4)
-    case = C.poison_unread_values(C.add_edge_rows(rng, case))
+    case = C.small_edge_case(rng, name, rows=rows, selection_blocks=blocks)
     # The config the originals pick for themselves (their own table, not ours).
     cfg = SparseAttentionConfig(*orig._select_config(rows, case.num_kv_heads, False, case.selection_width))
     assert cfg.num_splits == splits, f"{name}: the originals chose {tuple(cfg)}, not {splits} split(s)"

@@ -487,10 +487,7 @@ def interpret_main() -> int:
     plans = set()
     calls = 0
     for rows in (10, 160):  # 20 programs: several splits; 320: one split (asserted below)
-        case = C.sparse_attention_case(rng, name=f"direct{rows}", rows=rows, num_query_heads=4, num_kv_heads=2,
-                                       head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
-                                       num_requests=4)
-        case = C.poison_unread_values(C.add_edge_rows(rng, case))
+        case = C.small_edge_case(rng, f"direct{rows}", rows=rows)
         splits = select_config(rows, 2, False, case.selection_width).num_splits
         meta = [t(case.logical_indices), t(case.block_table), t(case.token_to_req), False]
         gate = t(case.output_gate)

@@ -281,10 +281,7 @@ def _interpret_sparse_cases(max_rows: int, max_cost: int):
     seed = int(os.environ.get("QSA_SEED") or int.from_bytes(os.urandom(4), "little"))
     print(f"fresh_edge seed {seed} (QSA_SEED={seed} replays it)")
     rng = np.random.default_rng(seed)
-    case = C.sparse_attention_case(rng, name="fresh_edge", rows=10, num_query_heads=4, num_kv_heads=2,
-                                   head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
-                                   num_requests=4)
-    case = C.poison_unread_values(C.add_edge_rows(rng, case))
+    case = C.small_edge_case(rng, "fresh_edge")
     problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
                                                 case.token_to_req, case.output_gate, use_prefill_config=False,
                                                 config=None)
@@ -447,18 +444,8 @@ def _interpret_fp8_cases(sbase, stri) -> int:
         # Degenerate rows and poison with an fp8 cache, in both layouts: every edge-row kind,
         # K 64 * 3 (finite in e4m3) and V NaN in every cache row no valid entry reads.
         rng = np.random.default_rng(23)
-        edge = C.sparse_attention_case(rng, name="fp8_edge", rows=10, num_query_heads=4, num_kv_heads=2,
-                                       head_dim=16, page_size=8, selection_blocks=8, context_tokens=64,
-                                       num_requests=4)
-        edge = C.poison_unread_values(C.add_edge_rows(rng, edge))
-        # A masked-off entry's address is clamped to page 0 (max(page, 0)): a page that holds
-        # only poison, so that a load without its mask shows too.
-        kv32 = edge.kv_cache.astype(np.float32)
-        poison_page = np.concatenate([np.full_like(kv32[:1, ..., :d], 64.0), np.full_like(kv32[:1, ..., d:], np.nan)],
-                                     axis=-1)
-        edge.kv_cache = np.concatenate([poison_page, kv32]).astype(C.BF16)
-        edge.kv_shape = edge.kv_cache.shape
-        edge.block_table = np.where(edge.block_table >= 0, edge.block_table + 1, edge.block_table)
+        # Page 0, where masked-off addresses are clamped, holds only poison too.
+        edge = C.prepend_poison_page(C.small_edge_case(rng, "fp8_edge"), 64.0, np.nan)
         fused = (edge.kv_cache.astype(np.float32) * 3.0).astype(ml_dtypes.float8_e4m3fn)
         split = fused.transpose(0, 2, 1, 3)
         k8, v8 = np.ascontiguousarray(split[..., :d]), np.ascontiguousarray(split[..., d:])

@@ -63,6 +63,7 @@ def main() -> int:
     from bench import inputs, kernel_trace, records
     from qsa_jax import config
     from qsa_jax.ops.sparse_attention.api import _run as jitted_call
+    from qsa_jax.ops.sparse_attention.triton import _launch_plan as jax_triton_plans
     from qsa_testing import originals
 
     variants = []
@@ -159,9 +160,7 @@ def main() -> int:
                         setattr(config, name, lambda *args, _k=name in knob_set, **kw: _k)
                     jitted_call.clear_cache()  # the knobs are read while the call is traced
                     if a.impl != "pallas":  # and into the jax-triton launch plans
-                        from qsa_jax.ops.sparse_attention import triton as jt
-
-                        jt._launch_plan.cache_clear()
+                        jax_triton_plans.cache_clear()
                     try:
                         build = (table_fn(case) if v is None else
                                  triton_fn(case, spec, v) if a.impl == "triton" else hs.build_fn(case, v))
