@@ -675,8 +675,8 @@ def triton_fp8_keys_f16_dot() -> bool:
     (``sparse_attention_order``), and like vLLM 0.34.0's kernel it turns every K element of
     every tile into bf16 for a bf16 dot; issue 13's 1.8x fp8/bf16 throughput needs fewer
     conversions per byte (notes/triton.md, session 13). Compiled for sm_90 on the CPU
-    (``tools/sm90_split_kernel_ab.py --fp8``), the table's launches: notes/triton.md,
-    session 14. The Pallas kernel's version of the same dot
+    (``tools/sm90_split_kernel_ab.py``'s ``ours(..., fp8=True, qk_fp16=True)``) at the
+    table's launches: notes/triton.md, session 14. The Pallas kernel's version of the same dot
     (``pallas_fp8_keys_f16_dot``) was bit-identical on the H200 but only timed together
     with another knob that made it 2x slower (XLA's Triton; notes/pallas.md session 7).
     Off until timed on the GPU (``tools/sessions/gpu_session14_a.sh``). A function so
