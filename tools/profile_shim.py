@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pathlib
 import pstats
 import statistics
@@ -339,3 +340,10 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Leave without the interpreter's teardown: once (CI, 2026-12-04, CPU, after the whole grid
+    # had printed) a library thread aborted the exiting process ("terminate called without an
+    # active exception", status -6); four reruns exited cleanly. An exception in main() still
+    # exits nonzero through the normal path above.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
