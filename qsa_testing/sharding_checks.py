@@ -6,6 +6,8 @@ does that) and prints one JSON list: for every case its name and ``problem``
 (None when the case passed). Every supported layout at 2, 4 and 8 devices is
 compared bit for bit with the one-device call, its compiled program searched
 for collectives, and every unsupported layout must raise naming the argument.
+Gradients (``jax.vjp``) and fp8 calls with k/v scales are compared with the shards'
+own one-device calls (``per_shard_reference``).
 One process runs all cases: starting JAX costs more than most cases.
 """
 
@@ -22,7 +24,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import qsa_jax
 from qsa_jax.config import select_config
-from qsa_testing.cases import (add_edge_rows, compress_case, poison_unreferenced, sparse_attention_case,
+from qsa_testing.cases import (E4M3, add_edge_rows, compress_case, poison_unreferenced, sparse_attention_case,
                                store_case)
 
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
@@ -146,29 +148,145 @@ def strided_query_check(results):
         results.append({"name": name, "problem": traceback.format_exc(limit=4)})
 
 
-def gradient_check(results):
-    """jax.grad through a sharded call (the custom_vjp outermost) equals the one-device gradient.
-    Only the plain forward runs per shard: the backward is XLA's to partition, so no HLO check."""
-    name = "sparse_attention/xla/4dev/rows2xheads2/grad"
+def _shards(mesh, rows_ax, heads_ax):
+    """(row slice, head slice, KV-head slice of the repeated cache) of every device's shard,
+    and the shard's (rows, KV heads)."""
+    row_shards = mesh.shape[rows_ax] if rows_ax else 1
+    head_shards = mesh.shape[heads_ax] if heads_ax else 1
+    lr, lh = ROWS // row_shards, HEADS // head_shards
+    lk = max(1, KV_HEADS // head_shards)
+    return [(slice(i * lr, (i + 1) * lr), slice(j * lh, (j + 1) * lh), slice(j * lk, (j + 1) * lk))
+            for i in range(row_shards) for j in range(head_shards)], (lr, lk)
+
+
+def _kv_heads(kv, fused, heads):
+    return jnp.asarray(kv[:, heads]) if fused else tuple(jnp.asarray(x[:, :, heads]) for x in kv)
+
+
+def per_shard_reference(shards, fused, case, kv, d_out, call):
+    """What a sharded call must give, from one-device calls on each shard's arrays:
+    ``call(q, kv, logical_indices, token_to_req, gate, d_out)`` -> (out, ) or (out, dq, dkv,
+    dgate). Row x head blocks are placed; the cache cotangents of a head shard's row shards
+    are summed in fp32 and rounded once to bf16, as the sharded backward sums them."""
+    out = [np.zeros((ROWS, HEADS, DIM), np.float32) for _ in range(3)]  # out, dq, dgate
+    dkv = jax.tree.map(lambda x: np.zeros(x.shape, np.float32), kv)
+    for r, h, k in shards:
+        got = call(jnp.asarray(case.q[r, h]), _kv_heads(kv, fused, k), case.logical_indices[r],
+                   case.token_to_req[r], jnp.asarray(case.output_gate[r, h]), d_out[r, h])
+        for whole, part in zip(out, got[:2] + got[3:]):
+            whole[r, h] = np.asarray(part, np.float32)
+        if len(got) > 1:
+            for whole, part in zip(jax.tree.leaves(dkv), jax.tree.leaves(got[2])):
+                whole[(slice(None), k) if fused else (slice(None), slice(None), k)] += np.asarray(part, np.float32)
+    bf = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16))  # noqa: E731
+    return (bf(out[0]), bf(out[1]), jax.tree.map(bf, dkv), bf(out[2]))
+
+
+def vjp_call(implementation, config=None):
+    """(q, kv, logical_indices, block_table, token_to_req, gate, d_out) -> (out, dq, dkv, dgate)."""
+    def f(q, kv, li, bt, t2r, gate, d_out):
+        out, pull = jax.vjp(lambda q, kv, gate: qsa_jax.sparse_attention(
+            q, kv, li, bt, t2r, gate, config=config, implementation=implementation), q, kv, gate)
+        return (out, *pull(d_out))
+    return f
+
+
+def gradient_checks(n, implementation, results, layouts, explicit_too=False):
+    """jax.vjp through a sharded call: the residual forward and the backward run per shard,
+    so the output and every cotangent equal the shards' own one-device vjps (the cache's
+    summed over row shards), and the compiled program holds no collective but the
+    all-reduce of that sum (none at all when rows are whole)."""
+    for i, (lname, shape, names, rows_ax, heads_ax) in enumerate(layouts):
+        for explicit in ((False, True) if explicit_too and i == 0 else (False,)):
+            fused = i % 2 == 0
+            name = (f"sparse_attention/{implementation}/{n}dev/{lname}/{'fused' if fused else 'split'}/vjp"
+                    + ("/explicit" if explicit else ""))
+            results.append(_gradient_case(name, shape, names, rows_ax, heads_ax, fused, explicit,
+                                          implementation))
+
+
+def _gradient_case(name, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
     try:
-        case = attention_case(5)
-        mesh = make_mesh((2, 2), ("data", "model"))
-        specs = (("data", "model"), (None, "model"), ("data",), (), ("data",), ("data", "model"))
-        arrays = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req,
-                  case.output_gate)
+        mesh = make_mesh(shape, names, explicit)
+        shards, (lr, lk) = _shards(mesh, rows_ax, heads_ax)
+        case = attention_case(30 + len(name))
+        config = select_config(lr, lk, False, case.selection_width)
+        case = poison_unreferenced(case, config)
+        d_out = np.random.default_rng(len(name)).standard_normal(case.q.shape).astype(case.q.dtype)
+        head_shards = mesh.shape[heads_ax] if heads_ax else 1
+        kv = case.kv_cache if fused else case.split_caches()
+        if head_shards > KV_HEADS:
+            kv = jax.tree.map(np.asarray, qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv),
+                                                                  head_shards // KV_HEADS))
+        one_device = vjp_call(implementation, config)
+        want = per_shard_reference(shards, fused, case, kv, d_out, lambda q, kv_, li, t2r, gate, d: one_device(
+            q, kv_, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate, jnp.asarray(d)))
+        kv_put = (put(mesh, kv, None, heads_ax) if fused
+                  else tuple(put(mesh, x, None, None, heads_ax) for x in kv))
+        args = (put(mesh, case.q, rows_ax, heads_ax), kv_put, put(mesh, case.logical_indices, rows_ax),
+                put(mesh, case.block_table), put(mesh, case.token_to_req, rows_ax),
+                put(mesh, case.output_gate, rows_ax, heads_ax), put(mesh, d_out, rows_ax, heads_ax))
+        jitted = jax.jit(vjp_call(implementation))
+        got = jitted(*args)
+        for label, g, w in zip(("out", "dq", "dkv", "dgate"), got, want):
+            for gl, wl in zip(jax.tree.leaves(g), jax.tree.leaves(w)):
+                if gl.shape != wl.shape or not np.array_equal(bits(gl), bits(wl)):
+                    return {"name": name, "problem": f"{label} differs from the shards' one-device vjps "
+                                                     f"({int(np.sum(bits(gl) != bits(wl)))} elements)"}
+        found = set(collectives_in(jitted, *args))
+        allowed = {"all-reduce"} if rows_ax else set()
+        problem = (f"compiled program holds {sorted(found)}" if found - allowed else
+                   "rows split, but no all-reduce sums the cache cotangent over row shards"
+                   if rows_ax and not found else None)
+        return {"name": name, "problem": problem}
+    except Exception:  # noqa: BLE001 - reported as the case's problem
+        return {"name": name, "problem": traceback.format_exc(limit=4)}
 
-        def loss(*a):
-            out = qsa_jax.sparse_attention(*a, config=select_config(ROWS // 2, 1, False, case.selection_width),
-                                           implementation="xla")
-            return jnp.sum(out.astype(jnp.float32) ** 2)
 
-        grad = jax.grad(loss, argnums=(0, 1, 5))
-        got = jax.jit(grad)(*(put(mesh, x, *spec) for x, spec in zip(arrays, specs)))
-        want = grad(*(jnp.asarray(x) for x in arrays))
-        same = all(np.array_equal(bits(g), bits(w)) for g, w in zip(got, want))
-        results.append({"name": name, "problem": None if same else "gradients differ from one device"})
-    except Exception:  # noqa: BLE001
-        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+def scaled_checks(n, implementation, results, layouts, explicit_too=False):
+    """vLLM 0.34's arithmetic on a mesh: an e4m3 cache with k/v scales runs per shard (the
+    scale pair whole on every device), equal to each shard's one-device call, no collectives."""
+    for i, (lname, shape, names, rows_ax, heads_ax) in enumerate(layouts):
+        for explicit in ((False, True) if explicit_too and i == 0 else (False,)):
+            fused = i % 2 == 0
+            name = (f"sparse_attention/{implementation}/{n}dev/{lname}/{'fused' if fused else 'split'}"
+                    f"/fp8-scaled" + ("/explicit" if explicit else ""))
+            results.append(_scaled_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit,
+                                        implementation))
+
+
+def _scaled_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
+    try:
+        mesh = make_mesh(shape, names, explicit)
+        shards, (lr, lk) = _shards(mesh, rows_ax, heads_ax)
+        case = attention_case(60 + n)
+        config = select_config(lr, lk, False, case.selection_width)
+        case = poison_unreferenced(case, config)
+        kv = jax.tree.map(lambda x: np.asarray(x).astype(E4M3),
+                          case.kv_cache if fused else case.split_caches())
+        head_shards = mesh.shape[heads_ax] if heads_ax else 1
+        if head_shards > KV_HEADS:
+            kv = jax.tree.map(np.asarray, qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv),
+                                                                  head_shards // KV_HEADS))
+
+        def call(q, kv_, li, t2r, gate, config=None):
+            return qsa_jax.sparse_attention(q, kv_, li, case.block_table, t2r, gate, config=config,
+                                            implementation=implementation, k_scale=0.5, v_scale=2.0)
+
+        want = per_shard_reference(shards, fused, case, kv, case.q, lambda q, kv_, li, t2r, gate, _: (
+            call(q, kv_, jnp.asarray(li), jnp.asarray(t2r), gate, config),))[0]
+        kv_put = (put(mesh, kv, None, heads_ax) if fused
+                  else tuple(put(mesh, x, None, None, heads_ax) for x in kv))
+        args = (put(mesh, case.q, rows_ax, heads_ax), kv_put, put(mesh, case.logical_indices, rows_ax),
+                put(mesh, case.token_to_req, rows_ax), put(mesh, case.output_gate, rows_ax, heads_ax))
+        jitted = jax.jit(call)
+        problem = compare(name, jitted(*args), want, jitted, args)
+        if problem is None and not explicit:  # the eager call goes the same way
+            eager = compare(name, call(*args), want, jitted, args)
+            problem = eager and "eager call: " + eager
+        return {"name": name, "problem": problem}
+    except Exception:  # noqa: BLE001 - reported as the case's problem
+        return {"name": name, "problem": traceback.format_exc(limit=4)}
 
 
 # --- indexer operators ----------------------------------------------------
@@ -313,16 +431,22 @@ def main(argv=None) -> int:
     results: list[dict] = []
     control_check(results)
     strided_query_check(results)
-    gradient_check(results)
     for n in (2, 4, 8):
         attention_checks(n, "xla", results)
         compress_checks(n, "xla", results)
         store_checks(n, "xla", results)
+    gradient_checks(2, "xla", results, attention_layouts(2))
+    gradient_checks(4, "xla", results, attention_layouts(4), explicit_too=True)
+    gradient_checks(8, "xla", results, [x for x in attention_layouts(8) if x[0] == "rows2xheads4"])
+    scaled_checks(4, "xla", results, attention_layouts(4), explicit_too=True)
     if "--pallas" in argv:  # the interpreter is slow: one layout of each kind
         attention_checks(8, "pallas", results, explicit_too=False,
                          layouts=[x for x in attention_layouts(8) if x[0] == "rows4xheads2"])
         attention_checks(4, "pallas", results, explicit_too=False,
                          layouts=[x for x in attention_layouts(4) if x[0] == "heads"])
+        gradient_checks(4, "pallas", results, [x for x in attention_layouts(4) if x[0] == "rows2xheads2"])
+        gradient_checks(2, "pallas", results, [x for x in attention_layouts(2) if x[0] == "heads"])
+        scaled_checks(8, "pallas", results, [x for x in attention_layouts(8) if x[0] == "rows4xheads2"])
         compress_checks(2, "pallas", results)
         store_checks(4, "pallas", results)
     bad_layout_checks(results)

@@ -5,7 +5,9 @@ so they run in one subprocess (qsa_testing/sharding_checks.py) and the rest of
 the suite keeps its single device. Each supported layout at 2, 4 and 8 devices
 must be bit-identical to the one-device call with the shard's tiling and
 compile to a program without collectives; each unsupported layout must raise
-naming the argument.
+naming the argument. Gradients (jax.vjp) and fp8 calls with k/v scales on a mesh
+must equal the shards' own one-device calls, the cache cotangent summed over row
+shards by the program's one collective, an all-reduce.
 """
 
 from __future__ import annotations
@@ -52,6 +54,18 @@ def test_layouts_covered(results, prefix):
     assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"
 
 
+@pytest.mark.parametrize("implementation, suffix", [
+    ("xla", "/vjp"), ("xla", "/vjp/explicit"), ("xla", "/fp8-scaled"), ("xla", "/fp8-scaled/explicit"),
+    ("pallas", "/vjp"), ("pallas", "/fp8-scaled")])  # the interpreter is slow: no explicit mesh
+def test_gradient_and_scaled_cases_ran(results, implementation, suffix):
+    """Mesh gradients and fp8 scaled calls ran with rows split (the all-reduce) and heads split."""
+    names = [r["name"] for r in results if r["name"].startswith(f"sparse_attention/{implementation}/")
+             and r["name"].endswith(suffix)]
+    assert names, f"no {implementation} case ending in {suffix}"
+    if suffix == "/vjp":
+        assert any("/heads/" in n for n in names) and any("rows" in n for n in names), names
+
+
 def test_all_supported_attention_layouts_ran(results):
     names = {r["name"] for r in results}
     for layout in ("heads", "rows", "rows2xheads2", "rows4xheads2", "rows2xheads4"):
@@ -72,8 +86,13 @@ def test_multi_gpu_script_on_forced_cpu_devices(tmp_path):
     ran = [r for r in report["results"] if "skipped" not in r]
     assert report["devices"] == 4
     assert {r["mesh"] for r in ran if r["op"] == "sparse_attention"} == {"2x2", "1x4"}
-    assert {r["op"] for r in ran} == {"sparse_attention", "compress_groups_with_ratio", "store_cache_rows"}
-    assert all(r["bit_identical"] and not r["collectives"] for r in ran)
+    assert {r["op"] for r in ran} == {"sparse_attention", "sparse_attention vjp", "compress_groups_with_ratio",
+                                      "store_cache_rows"}
+    assert all(r["bit_identical"] for r in ran)
+    # The vjp with rows split sums the cache cotangent over row shards: one all-reduce, nothing else.
+    assert {r["mesh"]: r["collectives"] for r in ran if r["op"] == "sparse_attention vjp"} == {
+        "2x2": ["all-reduce"], "1x4": []}
+    assert not any(r["collectives"] for r in ran if r["op"] != "sparse_attention vjp")
     assert (tmp_path / "multi_gpu.md").read_text().startswith("# Sharded operators on 4")
 
 
@@ -104,7 +123,7 @@ def test_a_shard_takes_the_tiling_of_its_own_shape():
             q, (kv,), *rest = arrays(rows, 24, 2)
             problem = check_sparse_attention_args(q, kv, *rest, use_prefill_config=prefill, config=explicit)
             seen = []
-            _sharding._attention_local((lambda p, *a: seen.append(p), problem),
+            _sharding._attention_local((lambda p, *a: seen.append(p), (), problem, "forward"),
                                        {"rows": ("data",), "heads": ("model",), "kv_heads": ("model",)}, *local)
             (p,) = seen
             assert (p.num_rows, p.num_query_heads, p.kv.num_kv_heads) == (local_rows, 12, 1)

@@ -9,7 +9,9 @@ For each head split h in (2, 4) that divides the device count n: the TP1 model
 call with the shard's tiling, its compiled program searched for collectives,
 and timed: per-device busy time from a profiler trace (GPU only) beside the
 one-device call on one shard's arrays (the same per-shard program), and the
-whole mesh's wall clock. Then the indexer operators with rows (compress) or
+whole mesh's wall clock; the same for ``jax.vjp`` of the call (device 0's results
+against the vjp of its shard alone; with rows split the cache cotangent's all-reduce
+is the one expected collective). Then the indexer operators with rows (compress) or
 pages (store) over all n devices. One device gives the degenerate 1 x 1 mesh.
 
 ``--small`` (reduced sizes) is what runs on CPU, e.g. with
@@ -37,7 +39,7 @@ from bench.kernel_trace import gpu_kernels_by_device  # noqa: E402
 from qsa_jax.arg_specs import TP1  # noqa: E402
 from qsa_jax.config import select_config  # noqa: E402
 from qsa_testing.cases import compress_case, sparse_attention_case, store_case  # noqa: E402
-from qsa_testing.sharding_checks import bits, collectives_in, make_mesh, put  # noqa: E402
+from qsa_testing.sharding_checks import bits, collectives_in, make_mesh, put, vjp_call  # noqa: E402
 
 CALLS = 10  # calls per timed execution
 
@@ -81,6 +83,48 @@ def relative_error(got, want) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
+def mesh_args(mesh, case, heads):
+    """(the cache with KV heads repeated up to ``heads`` shards, the call's arrays on ``mesh``:
+    rows over "data", heads over "model")."""
+    kv = jnp.asarray(case.kv_cache)
+    if heads > case.num_kv_heads:
+        kv = qsa_jax.repeat_kv_heads(kv, heads // case.num_kv_heads)
+    return kv, (put(mesh, case.q, "data", "model"), put(mesh, kv, None, "model"),
+                put(mesh, case.logical_indices, "data"), put(mesh, case.block_table),
+                put(mesh, case.token_to_req, "data"), put(mesh, case.output_gate, "data", "model"))
+
+
+def attention_grad_row(n, heads, rows, small, implementation):
+    """jax.vjp of the sharded call: device 0's output, dq and dgate (and its cache cotangent when
+    rows are whole) against the same vjp on device 0's shard alone; collectives (with rows split
+    the cache cotangent's all-reduce is expected); timed like the forward."""
+    data = n // heads
+    row = {"op": "sparse_attention vjp", "mesh": f"{data}x{heads}", "rows": rows}
+    if rows % data:
+        return {**row, "skipped": f"{rows} rows do not split over {data} row shards"}
+    mesh = make_mesh((data, heads), ("data", "model"))
+    case = attention_inputs(rows, small)
+    kv, args = mesh_args(mesh, case, heads)
+    d_out = np.random.default_rng(rows + 1).standard_normal(case.q.shape).astype(case.q.dtype)
+    args += (put(mesh, d_out, "data", "model"),)
+    fn = jax.jit(vjp_call(implementation))
+    got = fn(*args)
+    shard = [a.addressable_shards[0].data for a in jax.tree.leaves(args)]
+    shard = jax.tree.unflatten(jax.tree.structure(args), shard)
+    one = fn(*shard)
+    checked = (0, 1, 3) if data > 1 else (0, 1, 2, 3)  # out, dq, dkv, dgate
+    same = all(np.array_equal(bits(g.addressable_shards[0].data), bits(o))
+               for i in checked for g, o in zip(jax.tree.leaves(got[i]), jax.tree.leaves(one[i])))
+    wall, busy = timed(fn, args)
+    one_wall, one_busy = timed(fn, shard)
+    return {**row, "per_device": f"rows {rows // data}, heads {case.q.shape[1] // heads}, "
+                                 f"kv heads {kv.shape[1] // heads}",
+            "bit_identical": bool(same), "collectives": collectives_in(fn, *args),
+            "expected_collectives": ["all-reduce"] if data > 1 else [],
+            "mesh_wall_us": wall, "busy_us_per_device": busy,
+            "one_device_wall_us": one_wall, "one_device_busy_us": one_busy[0] if one_busy else None}
+
+
 def attention_row(n, heads, rows, small, implementation):
     data = n // heads
     if rows % data:
@@ -98,12 +142,7 @@ def attention_row(n, heads, rows, small, implementation):
     default = qsa_jax.sparse_attention(case.q, jnp.asarray(case.kv_cache), case.logical_indices,
                                        case.block_table, case.token_to_req, case.output_gate,
                                        implementation=implementation)
-    kv = jnp.asarray(case.kv_cache)
-    if heads > case.num_kv_heads:
-        kv = qsa_jax.repeat_kv_heads(kv, heads // case.num_kv_heads)
-    args = (put(mesh, case.q, "data", "model"), put(mesh, kv, None, "model"),
-            put(mesh, case.logical_indices, "data"), put(mesh, case.block_table),
-            put(mesh, case.token_to_req, "data"), put(mesh, case.output_gate, "data", "model"))
+    kv, args = mesh_args(mesh, case, heads)
     fn = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation=implementation))
     got = fn(*args)
     # One shard's arrays on one device: the per-shard program alone.
@@ -160,7 +199,8 @@ def markdown(report) -> str:
     lines = [f"# Sharded operators on {report['devices']} x {report['device_kind']}", "",
              f"implementation `{report['implementation']}`; {CALLS} calls per timed execution; busy time from "
              "a profiler trace (GPU only); one-device columns: one shard's arrays on one device; bit-identical: against the one-device call "
-             "on the whole arrays with the shard's tiling; the last column: against it with its own tiling.", "",
+             "on the whole arrays with the shard's tiling (vjp rows: device 0's results against the vjp of its "
+             "shard alone); the last column: against it with its own tiling.", "",
              "| op | mesh | rows | per device | bit-identical | collectives | mesh wall µs/call | busy µs/call per device | one-device wall | one-device busy | rel. err vs whole-array tiling |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
@@ -184,6 +224,8 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="reduced sizes (CPU)")
     ap.add_argument("--implementation", default=None)
     ap.add_argument("--out", default="bench/results/multi_gpu")
+    ap.add_argument("--no-grad", dest="grad", action="store_false",
+                    help="skip the gradient (jax.vjp) rows of sparse_attention")
     args = ap.parse_args(argv)
     n = jax.device_count()
     results = []
@@ -192,6 +234,9 @@ def main(argv=None) -> int:
         for rows in (int(r) for r in args.rows.split(",")):
             results.append(attention_row(n, heads, rows, args.small, args.implementation))
             print(json.dumps(results[-1]), flush=True)
+            if args.grad:
+                results.append(attention_grad_row(n, heads, rows, args.small, args.implementation))
+                print(json.dumps(results[-1]), flush=True)
     results += indexer_rows(n, args.small, args.implementation)
     report = {"devices": n, "device_kind": jax.devices()[0].device_kind,
               "implementation": args.implementation or "default", "results": results}
@@ -200,7 +245,8 @@ def main(argv=None) -> int:
     (out / "multi_gpu.json").write_text(json.dumps(report, indent=1))
     (out / "multi_gpu.md").write_text(markdown(report))
     print(markdown(report))
-    bad = [r for r in results if "skipped" not in r and (not r["bit_identical"] or r["collectives"])]
+    bad = [r for r in results if "skipped" not in r
+           and (not r["bit_identical"] or r["collectives"] != r.get("expected_collectives", []))]
     return 1 if bad else 0
 
 

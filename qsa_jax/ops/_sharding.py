@@ -251,18 +251,36 @@ _STRIDED_WHY = ("a StridedQuery is addressed by row and head inside its whole ta
                 "to split rows or heads")
 
 
+# The steps of a sparse-attention call that run per shard: the forward (the call
+# without differentiation), the forward with k/v scales (vLLM 0.34's arithmetic), and
+# under differentiation the forward that also returns the residuals and the backward.
+STEPS = ("forward", "forward_scaled", "residuals", "backward")
+
+
 @functools.lru_cache(maxsize=256)
-def attention_layout(fused: bool, gate_ndim: int, strided_q: bool) -> Layout:
+def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "forward") -> Layout:
     q = ("strided_q_rows", "head_dim") if strided_q else (ROWS, HEADS, "head_dim")
     kv = ((("kv_cache", ("pages", KV_HEADS, "page_size", "head_dim")),) if fused else
           (("k_cache", ("pages", "page_size", KV_HEADS, "head_dim")),
            ("v_cache", ("pages", "page_size", KV_HEADS, "head_dim"))))
+    gate = (ROWS, HEADS, "head_dim")[:gate_ndim]
     args = (("q", q),) + kv + (("logical_indices", (ROWS, "selection")),
                                ("block_table", ("requests", "table_width")),
                                ("token_to_req", (ROWS,)),
-                               ("output_gate", (ROWS, HEADS, "head_dim")[:gate_ndim]))
+                               ("output_gate", gate))
+    out = ((ROWS, HEADS, "head_dim"),)
+    if step == "forward_scaled":
+        args += (("scales", ("scale_pair",)),)
+    elif step == "residuals":  # + the ungated attention and the merged log-sum-exp
+        out += ((ROWS, HEADS, "head_dim"), (ROWS, HEADS))
+    elif step == "backward":  # cotangents of q (or its table), of each cache array and of the gate
+        args += (("attention", (ROWS, HEADS, "head_dim")), ("lse", (ROWS, HEADS)),
+                 ("d_out", (ROWS, HEADS, "head_dim")))
+        out = (q,) + tuple(roles for _, roles in kv) + (gate,)
+    elif step != "forward":
+        raise ValueError(f"attention_layout: step {step!r} is not one of {STEPS}")
     return Layout(
-        "sparse_attention", args, ((ROWS, HEADS, "head_dim"),),
+        "sparse_attention", args, out,
         frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS}),
         ties=((HEADS, KV_HEADS, _KV_WHY),),
         why=(("q", _STRIDED_WHY),
@@ -274,27 +292,47 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool) -> Layout:
         + ((ROWS, _STRIDED_WHY), (HEADS, _STRIDED_WHY)) * strided_q)
 
 
-def _attention_local(static, axes, q, kv_arrays, logical_indices, block_table, token_to_req,
-                     output_gate):
-    run_impl, problem = static
+def _attention_local(static, axes, q, kv_arrays, *rest):
+    fn, leading, problem, step = static
     if axes:
         # The shard is a smaller problem of its own; its tiling comes from its
         # own rows x KV heads (as on one GPU of that tensor-parallel size)
         # unless the caller fixed config=.
         problem = problem.for_shard(q.shape[0], q.shape[1], kv_arrays[0].shape[1 if problem.kv.fused else 2])
-    return run_impl(problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+    out = fn(problem, *leading, q, kv_arrays, *rest)
+    if step != "backward":
+        return out
+    d_q, d_kv, d_gate = out
+    if ROWS in axes:
+        # Every row shard holds a gradient of the same cache rows (its KV heads):
+        # the cache's cotangent is their sum, the one collective of a sharded
+        # backward (data parallelism). Summed in fp32, so the reduction itself adds
+        # one rounding, at the end, whatever the number of row shards.
+        d_kv = tuple(jax.lax.psum(x.astype(jnp.float32), axes[ROWS]).astype(x.dtype) for x in d_kv)
+    return (d_q, *d_kv, d_gate)
 
 
-def _attention_layout_of(problem, q, gate) -> Layout:
+def _attention_layout_of(problem, q, gate, step="forward") -> Layout:
     # q arrives as the query table: 2-D [N, D] for a StridedQuery (even one
     # whose table is exactly a compact q), 3-D [R, H, D] otherwise.
-    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2)
+    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step)
 
 
 def sparse_attention(run_impl, problem, q, kv_arrays, *rest):
-    """``run_impl(problem, q, kv_arrays, *rest)`` (an implementation's ``run``), per shard on a mesh."""
-    return run(_attention_layout_of(problem, q, rest[-1]), _attention_local, (run_impl, problem), q,
-               tuple(kv_arrays), *rest)
+    """``run_impl(problem, q, kv_arrays, *rest)`` (an implementation's ``run``), per shard on a
+    mesh; ``rest`` = (logical_indices, block_table, token_to_req, output_gate[, scales])."""
+    step = "forward_scaled" if len(rest) == 5 else "forward"
+    return attention_step(step, run_impl, (), problem, q, kv_arrays, *rest)
+
+
+def attention_step(step: str, fn, leading: tuple, problem, q, kv_arrays, *rest):
+    """``fn(problem, *leading, q, kv_arrays, *rest)``, per shard on a mesh (one step of ``STEPS``).
+
+    ``"backward"``: ``fn`` returns (d_q, d_kv_arrays, d_gate); the result is flat,
+    ``(d_q, *d_kv_arrays, d_gate)``, with the cache cotangents summed over row shards."""
+    gate = rest[3]
+    return run(_attention_layout_of(problem, q, gate, step), _attention_local, (fn, leading, problem, step),
+               q, tuple(kv_arrays), *rest)
 
 
 def check_sparse_attention(problem, q, kv_arrays, *rest) -> None:

@@ -47,11 +47,11 @@ def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, 
          problem: SparseAttentionProblem, implementation: str):
     if scales is None:
         # A custom_vjp around the implementation's forward (gradients: backward.py); on a
-        # mesh its forward runs one call per shard (qsa_jax/ops/_sharding.py).
+        # mesh its forward and backward run one call per shard (qsa_jax/ops/_sharding.py).
         return differentiable(problem, implementation, q, kv_arrays, logical_indices, block_table,
                               token_to_req, output_gate)
-    # vLLM 0.34 arithmetic (k/v scales, fp8 caches): forward only (backward.py), and not
-    # partitioned on a mesh yet (README: sharding).
+    # vLLM 0.34 arithmetic (k/v scales, fp8 caches): forward only (backward.py), per shard on
+    # a mesh as well.
     return forward_only(problem, implementation, q, kv_arrays, logical_indices, block_table,
                         token_to_req, output_gate, scales)
 

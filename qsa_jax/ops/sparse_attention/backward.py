@@ -68,8 +68,8 @@ def _registry():
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def differentiable(problem: SparseAttentionProblem, implementation: str, q, kv_arrays,
                    logical_indices, block_table, token_to_req, output_gate):
-    """``implementation``'s forward, with the gradient contract of this module (per shard on a
-    mesh: the forward outside differentiation, see qsa_jax/ops/_sharding.py)."""
+    """``implementation``'s forward, with the gradient contract of this module (on a mesh the
+    forward, the residual forward and the backward each run per shard: qsa_jax/ops/_sharding.py)."""
     return _sharding.sparse_attention(_registry().run(implementation), problem, q, kv_arrays,
                                       logical_indices, block_table, token_to_req, output_gate)
 
@@ -86,9 +86,9 @@ def forward_with_residuals(problem, implementation, q, kv_arrays, logical_indice
 
 def _fwd(problem, implementation, q, kv_arrays, logical_indices, block_table, token_to_req,
          output_gate):
-    out, attention, lse = forward_with_residuals(problem, implementation, q, kv_arrays,
-                                                 logical_indices, block_table, token_to_req,
-                                                 output_gate)
+    out, attention, lse = _sharding.attention_step(
+        "residuals", forward_with_residuals, (implementation,), problem, q, kv_arrays,
+        logical_indices, block_table, token_to_req, output_gate)
     return out, (q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
                  attention, lse)
 
@@ -99,9 +99,10 @@ def _bwd(problem, implementation, residuals, d_out):
         backward = xla_backward
     else:
         from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward as backward
-    dq, dkv, dgate = backward(problem, q, kv_arrays, logical_indices, block_table, token_to_req,
-                              output_gate, attention, lse, d_out)
-    return dq, dkv, None, None, None, dgate
+    dq, *dkv, dgate = _sharding.attention_step(
+        "backward", backward, (), problem, q, kv_arrays, logical_indices, block_table, token_to_req,
+        output_gate, attention, lse, d_out)
+    return dq, tuple(dkv), None, None, None, dgate
 
 
 differentiable.defvjp(_fwd, _bwd)
@@ -112,9 +113,10 @@ def forward_only(problem: SparseAttentionProblem, implementation: str, q, kv_arr
                  logical_indices, block_table, token_to_req, output_gate, scales):
     """``implementation``'s forward with k/v scales (vLLM 0.34's arithmetic, fp8 caches),
     whose gradient is not implemented: differentiating it raises a clear error instead
-    of failing inside a kernel that has no autodiff rule."""
-    return _registry().run(implementation)(problem, q, kv_arrays, logical_indices, block_table,
-                                           token_to_req, output_gate, scales=scales)
+    of failing inside a kernel that has no autodiff rule. Per shard on a mesh, like the
+    forward without scales (the scale pair whole on every device)."""
+    return _sharding.sparse_attention(_registry().run(implementation), problem, q, kv_arrays,
+                                      logical_indices, block_table, token_to_req, output_gate, scales)
 
 
 def _forward_only_fwd(problem, implementation, *args):
