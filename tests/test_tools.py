@@ -96,3 +96,15 @@ def test_profile_shim_grid_runs_on_cpu():
     assert "fp8 (x vLLM 0.34.0)" in res.stdout
     bad = subprocess.run(cmd[:-1] + ["shim fast"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--columns: unknown ['shim fast']" in bad.stderr
+
+
+def test_backward_gather_probe_runs_on_cpu(tmp_path):
+    """tools/backward_gather_probe.py --small: the probe's sums equal NumPy's over the kernel's own
+    inverse index (the tool exits 1 otherwise), then the GPU path runs (no busy times on CPU)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    res = subprocess.run([sys.executable, "tools/backward_gather_probe.py", "--small", "--variants", "32:2,16:1",
+                          "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stdout.count("max relative difference from NumPy") == 2
+    table = (tmp_path / "gather_probe.md").read_text()
+    assert "dK/dV kernel" in table and table.count("gather probe") == 2
