@@ -66,6 +66,16 @@ def test_gradient_and_scaled_cases_ran(results, implementation, suffix):
         assert any("/heads/" in n for n in names) and any("rows" in n for n in names), names
 
 
+def test_mesh_gradient_edge_layouts_ran(results):
+    """Rows over two mesh axes with a flat gate (Auto and Explicit: the fp32 psum in the traced
+    program), Pallas with split caches, a StridedQuery's vjp (its check runs the vjp too)."""
+    names = {r["name"] for r in results}
+    assert {"sparse_attention/xla/8dev/rows2x2xheads2-gate2d/fused/vjp",
+            "sparse_attention/xla/8dev/rows2x2xheads2-gate2d/fused/vjp/explicit",
+            "sparse_attention/pallas/2dev/heads/split/vjp",
+            "sparse_attention/xla/2dev/StridedQuery-replicated"} <= names
+
+
 def test_all_supported_attention_layouts_ran(results):
     names = {r["name"] for r in results}
     for layout in ("heads", "rows", "rows2xheads2", "rows4xheads2", "rows2xheads4"):
@@ -92,6 +102,8 @@ def test_multi_gpu_script_on_forced_cpu_devices(tmp_path):
     # The vjp with rows split sums the cache cotangent over row shards: one all-reduce, nothing else.
     assert {r["mesh"]: r["collectives"] for r in ran if r["op"] == "sparse_attention vjp"} == {
         "2x2": ["all-reduce"], "1x4": []}
+    # ... and its cache cotangent is the row shards' fp32 ones summed, rounded once.
+    assert all(r["dkv_rel_diff"] == 0 for r in ran if r["op"] == "sparse_attention vjp" and r["mesh"] == "2x2")
     assert not any(r["collectives"] for r in ran if r["op"] != "sparse_attention vjp")
     assert (tmp_path / "multi_gpu.md").read_text().startswith("# Sharded operators on 4")
 

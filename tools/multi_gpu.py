@@ -39,7 +39,7 @@ from bench.kernel_trace import gpu_kernels_by_device  # noqa: E402
 from qsa_jax.arg_specs import TP1  # noqa: E402
 from qsa_jax.config import select_config  # noqa: E402
 from qsa_testing.cases import compress_case, sparse_attention_case, store_case  # noqa: E402
-from qsa_testing.sharding_checks import bits, collectives_in, make_mesh, put, vjp_call  # noqa: E402
+from qsa_testing.sharding_checks import bits, collectives_in, make_mesh, put, shard_vjp, vjp_call  # noqa: E402
 
 CALLS = 10  # calls per timed execution
 
@@ -96,8 +96,9 @@ def mesh_args(mesh, case, heads):
 
 def attention_grad_row(n, heads, rows, small, implementation):
     """jax.vjp of the sharded call: device 0's output, dq and dgate (and its cache cotangent when
-    rows are whole) against the same vjp on device 0's shard alone; collectives (with rows split
-    the cache cotangent's all-reduce is expected); timed like the forward."""
+    rows are whole) against the same vjp on device 0's shard alone; with rows split its cache
+    cotangent against the row shards' fp32 ones summed and rounded once, and the all-reduce
+    that sums them the one collective expected; timed like the forward."""
     data = n // heads
     row = {"op": "sparse_attention vjp", "mesh": f"{data}x{heads}", "rows": rows}
     if rows % data:
@@ -109,12 +110,24 @@ def attention_grad_row(n, heads, rows, small, implementation):
     args += (put(mesh, d_out, "data", "model"),)
     fn = jax.jit(vjp_call(implementation))
     got = fn(*args)
-    shard = [a.addressable_shards[0].data for a in jax.tree.leaves(args)]
-    shard = jax.tree.unflatten(jax.tree.structure(args), shard)
+    def on(device):  # that device's shard of every argument
+        return jax.tree.map(lambda a: next(s.data for s in a.addressable_shards if s.device == device), args)
+
+    shard = on(mesh.devices[0, 0])
     one = fn(*shard)
     checked = (0, 1, 3) if data > 1 else (0, 1, 2, 3)  # out, dq, dkv, dgate
     same = all(np.array_equal(bits(g.addressable_shards[0].data), bits(o))
                for i in checked for g, o in zip(jax.tree.leaves(got[i]), jax.tree.leaves(one[i])))
+    extra = {}
+    if data > 1:
+        # The all-reduced cache cotangent: the row shards' unrounded (fp32) ones, summed, rounded
+        # once. Bit for bit at 2 row shards; with more, the reduction's order is NCCL's.
+        config = select_config(rows // data, max(1, case.num_kv_heads // heads), False, case.selection_width)
+        parts = [np.asarray(shard_vjp(implementation, config, *on(mesh.devices[i, 0]))[2]) for i in range(data)]
+        want = np.asarray(jnp.asarray(sum(parts), jnp.bfloat16))
+        mine = got[2].addressable_shards[0].data
+        extra["dkv_rel_diff"] = relative_error(mine, want)
+        same = same and (np.array_equal(bits(mine), bits(want)) if data == 2 else extra["dkv_rel_diff"] <= 1e-3)
     wall, busy = timed(fn, args)
     one_wall, one_busy = timed(fn, shard)
     return {**row, "per_device": f"rows {rows // data}, heads {case.q.shape[1] // heads}, "
@@ -122,7 +135,7 @@ def attention_grad_row(n, heads, rows, small, implementation):
             "bit_identical": bool(same), "collectives": collectives_in(fn, *args),
             "expected_collectives": ["all-reduce"] if data > 1 else [],
             "mesh_wall_us": wall, "busy_us_per_device": busy,
-            "one_device_wall_us": one_wall, "one_device_busy_us": one_busy[0] if one_busy else None}
+            "one_device_wall_us": one_wall, "one_device_busy_us": one_busy[0] if one_busy else None, **extra}
 
 
 def attention_row(n, heads, rows, small, implementation):

@@ -196,13 +196,31 @@ def _explicit_mesh(leaves):
     return None
 
 
+def _differentiable(layout, local, static, *arrays):
+    """``_batchable`` that JAX can differentiate: custom_partitioning has no differentiation
+    rule, so a differentiated call (e.g. the backward of the XLA implementation under a
+    second ``jax.grad``) runs the implementation whole, differentiated by JAX, as without a
+    mesh. First-order gradients never take this path: their ``custom_vjp`` calls the
+    forward and backward steps undifferentiated."""
+
+    @jax.custom_jvp
+    def call(*xs):
+        return _batchable(layout, local, static, *xs)
+
+    @call.defjvp
+    def _jvp(primals, tangents):
+        return jax.jvp(lambda *xs: local(static, {}, *xs), primals, tangents)
+
+    return call(*arrays)
+
+
 def run(layout: Layout, local: Callable, static, *arrays):
     """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
     or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
     leaves = jax.tree.leaves(arrays)
     mesh = _explicit_mesh(leaves)
     if mesh is None:
-        return _batchable(layout, local, static, *arrays)
+        return _differentiable(layout, local, static, *arrays)
     # Explicit-sharding mode: every value's type names its sharding at trace
     # time, so the layout is checked now and the shards run under shard_map
     # with exactly those specs (custom_partitioning's whole-array trace would
@@ -251,9 +269,10 @@ _STRIDED_WHY = ("a StridedQuery is addressed by row and head inside its whole ta
                 "to split rows or heads")
 
 
-# The steps of a sparse-attention call that run per shard: the forward (the call
-# without differentiation), the forward with k/v scales (vLLM 0.34's arithmetic), and
-# under differentiation the forward that also returns the residuals and the backward.
+# The steps of a sparse-attention call that run per shard (``attention_step``): the
+# forward (the call without differentiation), the forward with k/v scales (vLLM 0.34's
+# arithmetic), and under differentiation the forward that also returns the residuals
+# and the backward.
 STEPS = ("forward", "forward_scaled", "residuals", "backward")
 
 
@@ -293,22 +312,24 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "
 
 
 def _attention_local(static, axes, q, kv_arrays, *rest):
-    fn, leading, problem, step = static
+    fn, fn_args, problem, step = static
     if axes:
         # The shard is a smaller problem of its own; its tiling comes from its
         # own rows x KV heads (as on one GPU of that tensor-parallel size)
         # unless the caller fixed config=.
         problem = problem.for_shard(q.shape[0], q.shape[1], kv_arrays[0].shape[1 if problem.kv.fused else 2])
-    out = fn(problem, *leading, q, kv_arrays, *rest)
+    summed = step == "backward" and ROWS in axes
+    # Every row shard holds a gradient of the same cache rows (its KV heads): the
+    # cache's cotangent is their sum, the one collective of a sharded backward (data
+    # parallelism). Each shard returns it unrounded (fp32) and the sum is rounded
+    # once, as the one-device backward rounds its own fp32 sum once.
+    wide = {"kv_dtype": jnp.promote_types(kv_arrays[0].dtype, jnp.float32)} if summed else {}
+    out = fn(problem, *fn_args, q, kv_arrays, *rest, **wide)
     if step != "backward":
         return out
     d_q, d_kv, d_gate = out
-    if ROWS in axes:
-        # Every row shard holds a gradient of the same cache rows (its KV heads):
-        # the cache's cotangent is their sum, the one collective of a sharded
-        # backward (data parallelism). Summed in fp32, so the reduction itself adds
-        # one rounding, at the end, whatever the number of row shards.
-        d_kv = tuple(jax.lax.psum(x.astype(jnp.float32), axes[ROWS]).astype(x.dtype) for x in d_kv)
+    if summed:
+        d_kv = tuple(jax.lax.psum(x, axes[ROWS]).astype(a.dtype) for x, a in zip(d_kv, kv_arrays))
     return (d_q, *d_kv, d_gate)
 
 
@@ -318,26 +339,36 @@ def _attention_layout_of(problem, q, gate, step="forward") -> Layout:
     return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step)
 
 
-def sparse_attention(run_impl, problem, q, kv_arrays, *rest):
-    """``run_impl(problem, q, kv_arrays, *rest)`` (an implementation's ``run``), per shard on a
-    mesh; ``rest`` = (logical_indices, block_table, token_to_req, output_gate[, scales])."""
-    step = "forward_scaled" if len(rest) == 5 else "forward"
-    return attention_step(step, run_impl, (), problem, q, kv_arrays, *rest)
+def sparse_attention(run_impl, problem, q, kv_arrays, logical_indices, block_table, token_to_req,
+                     output_gate, scales=None):
+    """``run_impl(problem, q, kv_arrays, ...[, scales])`` (an implementation's ``run``), per
+    shard on a mesh; ``scales``: vLLM 0.34's (2,) scale pair, whole on every device."""
+    rest = (logical_indices, block_table, token_to_req, output_gate)
+    if scales is None:
+        return attention_step("forward", run_impl, (), problem, q, kv_arrays, *rest)
+    return attention_step("forward_scaled", run_impl, (), problem, q, kv_arrays, *rest, scales)
 
 
-def attention_step(step: str, fn, leading: tuple, problem, q, kv_arrays, *rest):
-    """``fn(problem, *leading, q, kv_arrays, *rest)``, per shard on a mesh (one step of ``STEPS``).
+def attention_step(step: str, fn, fn_args: tuple, problem, q, kv_arrays, logical_indices, block_table,
+                   token_to_req, output_gate, *extra):
+    """``fn(problem, *fn_args, q, kv_arrays, logical_indices, ..., output_gate, *extra)``, per
+    shard on a mesh; ``step`` (one of ``STEPS``) names the extra arguments and results.
 
-    ``"backward"``: ``fn`` returns (d_q, d_kv_arrays, d_gate); the result is flat,
-    ``(d_q, *d_kv_arrays, d_gate)``, with the cache cotangents summed over row shards."""
-    gate = rest[3]
-    return run(_attention_layout_of(problem, q, gate, step), _attention_local, (fn, leading, problem, step),
-               q, tuple(kv_arrays), *rest)
+    ``fn_args``: static arguments of ``fn`` (e.g. an implementation's name), passed apart
+    rather than bound with ``functools.partial``, whose objects compare unequal from one
+    trace to the next. ``"backward"``: ``fn`` returns (d_q, d_kv_arrays, d_gate) and takes
+    ``kv_dtype=``; the result is flat, ``(d_q, *d_kv_arrays, d_gate)`` (partitioning maps one
+    sharding to each result), the cache cotangents summed over row shards."""
+    return run(_attention_layout_of(problem, q, output_gate, step), _attention_local,
+               (fn, fn_args, problem, step), q, tuple(kv_arrays), logical_indices, block_table,
+               token_to_req, output_gate, *extra)
 
 
-def check_sparse_attention(problem, q, kv_arrays, *rest) -> None:
+def check_sparse_attention(problem, q, kv_arrays, logical_indices, block_table, token_to_req,
+                           output_gate) -> None:
     if maybe_on_mesh(q):
-        check_layout(_attention_layout_of(problem, q, rest[-1]), q, tuple(kv_arrays), *rest)
+        check_layout(_attention_layout_of(problem, q, output_gate), q, tuple(kv_arrays), logical_indices,
+                     block_table, token_to_req, output_gate)
 
 
 def repeat_kv_heads(kv, repeats: int):

@@ -99,6 +99,7 @@ def _bwd(problem, implementation, residuals, d_out):
         backward = xla_backward
     else:
         from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward as backward
+    # Per shard on a mesh; the step's result is flat: (dq, *dkv_arrays, dgate).
     dq, *dkv, dgate = _sharding.attention_step(
         "backward", backward, (), problem, q, kv_arrays, logical_indices, block_table, token_to_req,
         output_gate, attention, lse, d_out)
@@ -183,19 +184,22 @@ def dq_to_table(problem: SparseAttentionProblem, q_table, dq):
         q_table.shape).astype(q_table.dtype)
 
 
-def kv_cotangent(problem: SparseAttentionProblem, kv_arrays, d_k_rows, d_v_rows):
-    """dK, dV as [N, D] rows of ``KVLayout.rows_view`` -> cotangents in ``kv_arrays``' layout."""
+def kv_cotangent(problem: SparseAttentionProblem, kv_arrays, d_k_rows, d_v_rows, dtype=None):
+    """dK, dV as [N, D] rows of ``KVLayout.rows_view`` -> cotangents in ``kv_arrays``' layout,
+    in ``dtype`` (None: the cache's own)."""
     kv = problem.kv
     if kv.fused:
         both = jnp.stack([d_k_rows, d_v_rows], axis=1)  # [N, 2, D] = a fused row
-        return (both.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),)
-    return (d_k_rows.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),
-            d_v_rows.reshape(kv_arrays[1].shape).astype(kv_arrays[1].dtype))
+        return (both.reshape(kv_arrays[0].shape).astype(dtype or kv_arrays[0].dtype),)
+    return (d_k_rows.reshape(kv_arrays[0].shape).astype(dtype or kv_arrays[0].dtype),
+            d_v_rows.reshape(kv_arrays[1].shape).astype(dtype or kv_arrays[1].dtype))
 
 
 def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                 token_to_req, output_gate, attention, lse, d_out, *, chunk: int = XLA_CHUNK):
-    """Cotangents (dq table, dkv_arrays, dgate) of the exact function, in plain XLA.
+                 token_to_req, output_gate, attention, lse, d_out, *, chunk: int = XLA_CHUNK,
+                 kv_dtype=None):
+    """Cotangents (dq table, dkv_arrays, dgate) of the exact function, in plain XLA; the
+    cache's in ``kv_dtype`` (None: the cache's own; a mesh sums row shards' fp32 ones).
 
     Accumulates in float32 (float64 when the inputs are float64: the oracle of the
     tests); a ``lax.scan`` walks the selection ``chunk`` columns at a time, and dK/dV
@@ -215,7 +219,7 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     zero_kv = jnp.zeros((n, d), dtype)
     if rows == 0:
         return dq_to_table(p, q, jnp.zeros((0, heads, d), dtype)), kv_cotangent(
-            p, kv_arrays, zero_kv, zero_kv), d_gate
+            p, kv_arrays, zero_kv, zero_kv, kv_dtype), d_gate
 
     qg = q.reshape(-1, d)[q_rows(p)].astype(dtype).reshape(rows, hk, g, d)
     da = d_attention.reshape(rows, hk, g, d)
@@ -255,7 +259,7 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     xs = (jnp.moveaxis(row0.reshape(rows, steps, chunk), 1, 0),
           jnp.moveaxis(valid.reshape(rows, steps, chunk), 1, 0))
     (dq, dk, dv), _ = lax.scan(step, (jnp.zeros((rows, hk, g, d), dtype), zero_kv, zero_kv), xs)
-    return (dq_to_table(p, q, dq.reshape(rows, heads, d)), kv_cotangent(p, kv_arrays, dk, dv),
+    return (dq_to_table(p, q, dq.reshape(rows, heads, d)), kv_cotangent(p, kv_arrays, dk, dv, kv_dtype),
             d_gate)
 
 

@@ -373,21 +373,21 @@ def named_pages(p: SparseAttentionProblem, block_table):
     return pages, slot
 
 
-def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv, compaction):
+def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv, compaction, dtype=None):
     """The fp32 accumulator (dK | dV per row, ``compaction``'s pages or the whole cache)
-    in ``kv_arrays``' layout: for the fused cache a conversion in place of the row order
+    in ``kv_arrays``' layout and ``dtype`` (None: the cache's): for the fused cache a conversion in place of the row order
     it already has (and, for the selection walk with compaction, a scatter of whole pages; the
     inverted walk writes its named pages in place and arrives without compaction)."""
     kv, d = p.kv, p.head_dim
     if compaction is None:
         if kv.fused:
-            return (dkv.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype),)
-        return B.kv_cotangent(p, kv_arrays, dkv[:, :d], dkv[:, d:])
+            return (dkv.reshape(kv_arrays[0].shape).astype(dtype or kv_arrays[0].dtype),)
+        return B.kv_cotangent(p, kv_arrays, dkv[:, :d], dkv[:, d:], dtype)
     pages = compaction[0]
     per_page = dkv.reshape((pages.shape[0],) + kv_arrays[0].shape[1:-1] + (2 * d,))
     halves = (per_page,) if kv.fused else (per_page[..., :d], per_page[..., d:])
     # Padding pages (index NB) fall outside the cache and are dropped.
-    return tuple(jnp.zeros(a.shape, a.dtype).at[pages].set(h.astype(a.dtype), mode="drop")
+    return tuple(jnp.zeros(a.shape, dtype or a.dtype).at[pages].set(h.astype(dtype or a.dtype), mode="drop")
                  for a, h in zip(kv_arrays, halves))
 
 
@@ -429,8 +429,9 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
                     token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
                     num_splits: int | None = None, num_warps: int | None = None,
                     relaxed_atomics: bool | None = None, order: str | None = None,
-                    lanes: int | None = None, dq_warps: int | None = None):
-    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring.
+                    lanes: int | None = None, dq_warps: int | None = None, kv_dtype=None):
+    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring. ``kv_dtype``: the
+    cache cotangents' dtype (None: the cache's; a mesh sums row shards' fp32 ones).
     ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
     order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
     ``order``: how each row's entries are walked and split (``ORDERS``); None:
@@ -461,7 +462,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     zero_kv = jnp.zeros((1 if inverted and rows else acc_rows, 2 * d), jnp.float32)
     if rows == 0:
         return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
-                _kv_cotangent(p, kv_arrays, zero_kv, compaction), d_gate)
+                _kv_cotangent(p, kv_arrays, zero_kv, compaction, kv_dtype), d_gate)
     # "inverted": block_n is the dK/dV kernel's slots per program; dq walks with the default tile.
     bn = (None if inverted else block_n) or DEFAULT_BLOCK_N
     sorted_order = order == "sorted"
@@ -507,11 +508,11 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
       jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
     if inverted:
         dkv = _inverted_dkv(p, q, k_rows, v_rows, acc, compaction, acc_rows, da16, delta, lse,
-                            kv_arrays[0].dtype, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES,
-                            num_warps, interpreted)
+                            kv_dtype or kv_arrays[0].dtype, block_n or INVERTED_BLOCK_ROWS,
+                            lanes or INVERTED_LANES, num_warps, interpreted)
     # The inverted walk's dK/dV is already cache-shaped (named pages written in place).
     return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)),
-            _kv_cotangent(p, kv_arrays, dkv, None if inverted else compaction), d_gate)
+            _kv_cotangent(p, kv_arrays, dkv, None if inverted else compaction, kv_dtype), d_gate)
 
 
 def resolve_order(p: SparseAttentionProblem, order: str | None) -> str:
