@@ -8,6 +8,7 @@ differences), and hand-computed cases for duplicates and shared pages.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -604,3 +605,36 @@ def test_second_order_gradients_of_the_xla_implementation():
     floor = _rel(jnp.asarray(ref, jnp.bfloat16), ref)
     for got in (hvp, grad_of_grad):
         assert _rel(got, ref) <= 4 * floor, (_rel(got, ref), floor)
+
+
+@pytest.mark.parametrize("impl, order", [("xla", None), ("pallas", "inverted"), ("pallas", "selection")])
+@pytest.mark.parametrize("layout", ["fused", "split"])
+def test_fp32_cache_cotangent_rounds_to_the_default(impl, order, layout):
+    """kv_dtype=float32 (what each row shard of a mesh returns before the all-reduce): the same
+    cache cotangent unrounded -- rounded to bf16 it is the default's, bit for bit; dq and dgate
+    unchanged."""
+    from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
+
+    case, rng = _case(seed=8, page=16, context=64)
+    case = C.poison_unreferenced(case)
+    kv = ((jnp.asarray(case.kv_cache),) if layout == "fused"
+          else tuple(jnp.asarray(x) for x in case.split_caches()))
+    meta = _meta(case)
+    q, gate = jnp.asarray(case.q), jnp.asarray(case.output_gate)
+    ct = jnp.asarray(C.bf16_random(rng, case.q.shape))
+    p = check_sparse_attention_args(q, kv if layout == "split" else kv[0], *meta, gate,
+                                    use_prefill_config=False, config=None)
+    _, attention, lse = B.forward_with_residuals(p, impl, q, kv, *meta, gate)
+    backward = B.xla_backward if impl == "xla" else functools.partial(pallas_backward, order=order)
+    wide = backward(p, q, kv, *meta, gate, attention, lse, ct, kv_dtype=jnp.float32)
+    default = backward(p, q, kv, *meta, gate, attention, lse, ct)
+    for name, w, d in zip(("q", "kv", "gate"), wide, default):
+        for wl, dl in zip(jax.tree.leaves(w), jax.tree.leaves(d)):
+            assert wl.dtype == (jnp.float32 if name == "kv" else dl.dtype), name
+            assert np.array_equal(np.asarray(wl.astype(dl.dtype)).view(np.uint16),
+                                  np.asarray(dl).view(np.uint16)), name
+    # Unrounded: some values lie between bf16 neighbours (a walk that rounds first and widens
+    # after would give the same bits above).
+    for x in wide[1]:
+        x = np.asarray(x)
+        assert (x != np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))).any()

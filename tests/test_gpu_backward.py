@@ -161,3 +161,30 @@ def test_pallas_backward_variants_agree_gpu(kw):
         assert diff < 1e-2, (name, diff)
     dkv = np.asarray(variant[1].astype(jnp.float32)).transpose(0, 2, 1, 3)
     assert (dkv[~C.referenced_rows(case)] == 0).all(), "an unreferenced cache row got a gradient"
+
+
+@pytest.mark.parametrize("layout", ["fused", "split"])
+def test_pallas_backward_fp32_cache_cotangent_gpu(layout):
+    """kv_dtype=float32 (what each row shard of a mesh returns before the all-reduce) gives the
+    default walk's cache cotangent unrounded: rounded to bf16 it is the default's, bit for bit, at
+    the real TP1 shapes with shared pages, edge rows and NaN in unreferenced rows."""
+    from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
+
+    case, rng = _case(arg_specs.TP1, 64, True)
+    kv = ((jnp.asarray(case.kv_cache),) if layout == "fused"
+          else tuple(jnp.asarray(x) for x in case.split_caches()))
+    meta = tuple(jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
+    q, gate = jnp.asarray(case.q), jnp.asarray(case.output_gate)
+    ct = jnp.asarray(C.bf16_random(rng, case.q.shape))
+    p = check_sparse_attention_args(q, kv if layout == "split" else kv[0], *meta, gate,
+                                    use_prefill_config=False, config=None)
+    _, attention, lse = jax.jit(B.forward_with_residuals, static_argnums=(0, 1))(p, "pallas", q, kv, *meta, gate)
+
+    def run(**k):
+        return jax.jit(lambda *x: pallas_backward(p, *x, **k)[1])(q, kv, *meta, gate, attention, lse, ct)
+
+    wide, default = run(kv_dtype=jnp.float32), run()
+    for w, d in zip(wide, default):
+        assert w.dtype == jnp.float32 and d.dtype == jnp.bfloat16
+        assert np.array_equal(np.asarray(w.astype(jnp.bfloat16)).view(np.uint16), np.asarray(d).view(np.uint16))
+        assert bool((w != w.astype(jnp.bfloat16).astype(jnp.float32)).any()), "rounded before widening"
