@@ -13,6 +13,7 @@ One process runs all cases: starting JAX costs more than most cases.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import traceback
@@ -96,27 +97,18 @@ def attention_checks(n, implementation, results, explicit_too=True, layouts=None
 
 def _attention_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
     try:
-        mesh = make_mesh(shape, names, explicit)
-        head_shards = mesh.shape[heads_ax] if heads_ax else 1
-        local_rows = ROWS // (mesh.shape[rows_ax] if rows_ax else 1)
-        local_kv = max(1, KV_HEADS // head_shards)
-        case = attention_case(n)
-        config = select_config(local_rows, local_kv, False, case.selection_width)
-        case = poison_unreferenced(case, config)
-        # The one-device reference: the original 2-KV-head cache, the shard's tiling.
+        mc = mesh_case(shape, names, rows_ax, heads_ax, fused, explicit, seed=n)
+        case = mc.case
+        # The one-device reference: the whole arrays with the original 2-KV-head cache, at the
+        # shard's tiling.
         kv_ref = case.kv_cache if fused else case.split_caches()
         want = qsa_jax.sparse_attention(case.q, jax.tree.map(jnp.asarray, kv_ref), case.logical_indices,
                                         case.block_table, case.token_to_req, case.output_gate,
-                                        config=config, implementation=implementation)
-        repeats = max(1, head_shards // KV_HEADS)
-        kv = qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv_ref), repeats) if repeats > 1 else kv_ref
-        kv = (put(mesh, kv, None, heads_ax) if fused
-              else tuple(put(mesh, x, None, None, heads_ax) for x in kv))
+                                        config=mc.config, implementation=implementation)
         # One layout takes the gate as [R, H * D] (vLLM's flat gate), split like q's heads.
         gate = case.output_gate.reshape(ROWS, -1) if "/4dev/rows2xheads2/" in name else case.output_gate
-        args = (put(mesh, case.q, rows_ax, heads_ax), kv, put(mesh, case.logical_indices, rows_ax),
-                put(mesh, case.block_table), put(mesh, case.token_to_req, rows_ax),
-                put(mesh, gate, rows_ax, heads_ax))
+        args = (mc.rows_heads(case.q), mc.kv_on_mesh(), mc.rows(case.logical_indices), put(mc.mesh, case.block_table),
+                mc.rows(case.token_to_req), mc.rows_heads(gate))
         jitted = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation=implementation))
         problem = compare(name, jitted(*args), want, jitted, args)
         if problem is None and not explicit:  # the eager call goes the same way
@@ -178,6 +170,50 @@ def _shards(mesh, rows_ax, heads_ax):
 
 def _kv_heads(kv, fused, heads):
     return jnp.asarray(kv[:, heads]) if fused else tuple(jnp.asarray(x[:, :, heads]) for x in kv)
+
+
+@dataclasses.dataclass
+class MeshCase:
+    """A sparse-attention case laid out on a mesh: rows over ``rows_ax``, heads and KV heads over
+    ``heads_ax``; ``kv`` the host cache (fused or split; KV heads repeated when there are more
+    head shards than KV heads), poisoned where the shard's tiling reads nothing."""
+
+    mesh: jax.sharding.Mesh
+    rows_ax: object
+    heads_ax: object
+    fused: bool
+    shards: list
+    config: tuple
+    case: object
+    kv: object
+
+    def kv_on_mesh(self):
+        if self.fused:
+            return put(self.mesh, self.kv, None, self.heads_ax)
+        return tuple(put(self.mesh, x, None, None, self.heads_ax) for x in self.kv)
+
+    def rows_heads(self, x):
+        """An [R, H, ...] array on the mesh, rows and heads split."""
+        return put(self.mesh, x, self.rows_ax, self.heads_ax)
+
+    def rows(self, x):
+        return put(self.mesh, x, self.rows_ax)
+
+
+def mesh_case(shape, names, rows_ax, heads_ax, fused, explicit, seed, kv_dtype=None) -> MeshCase:
+    mesh = make_mesh(shape, names, explicit)
+    shards, (lr, lk) = _shards(mesh, rows_ax, heads_ax)
+    case = attention_case(seed)
+    config = select_config(lr, lk, False, case.selection_width)
+    case = poison_unreferenced(case, config)
+    kv = case.kv_cache if fused else case.split_caches()
+    if kv_dtype is not None:
+        kv = jax.tree.map(lambda x: np.asarray(x).astype(kv_dtype), kv)
+    head_shards = _count(mesh, heads_ax)
+    if head_shards > KV_HEADS:
+        kv = jax.tree.map(np.asarray, qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv),
+                                                              head_shards // KV_HEADS))
+    return MeshCase(mesh, rows_ax, heads_ax, fused, shards, config, case, kv)
 
 
 def per_shard_reference(shards, fused, case, kv, d_out, call):
@@ -302,17 +338,9 @@ def _psum_dtypes(jitted_fn, args) -> list[str]:
 
 def _gradient_case(name, shape, names, rows_ax, heads_ax, fused, explicit, implementation, gate2d=False):
     try:
-        mesh = make_mesh(shape, names, explicit)
-        shards, (lr, lk) = _shards(mesh, rows_ax, heads_ax)
-        case = attention_case(30 + len(name))
-        config = select_config(lr, lk, False, case.selection_width)
-        case = poison_unreferenced(case, config)
+        mc = mesh_case(shape, names, rows_ax, heads_ax, fused, explicit, seed=30 + len(name))
+        case, kv, config = mc.case, mc.kv, mc.config
         d_out = np.random.default_rng(len(name)).standard_normal(case.q.shape).astype(case.q.dtype)
-        head_shards = _count(mesh, heads_ax)
-        kv = case.kv_cache if fused else case.split_caches()
-        if head_shards > KV_HEADS:
-            kv = jax.tree.map(np.asarray, qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv),
-                                                                  head_shards // KV_HEADS))
         flat = (lambda g: g.reshape(g.shape[0], -1)) if gate2d else (lambda g: g)  # noqa: E731
 
         def one_device(q, kv_, li, t2r, gate, d):
@@ -321,12 +349,9 @@ def _gradient_case(name, shape, names, rows_ax, heads_ax, fused, explicit, imple
                                             jnp.asarray(d))
             return out, dq, dkv, dgate.reshape(gate.shape)
 
-        want = per_shard_reference(shards, fused, case, kv, d_out, one_device)
-        kv_put = (put(mesh, kv, None, heads_ax) if fused
-                  else tuple(put(mesh, x, None, None, heads_ax) for x in kv))
-        args = (put(mesh, case.q, rows_ax, heads_ax), kv_put, put(mesh, case.logical_indices, rows_ax),
-                put(mesh, case.block_table), put(mesh, case.token_to_req, rows_ax),
-                put(mesh, flat(case.output_gate), rows_ax, heads_ax), put(mesh, d_out, rows_ax, heads_ax))
+        want = per_shard_reference(mc.shards, fused, case, kv, d_out, one_device)
+        args = (mc.rows_heads(case.q), mc.kv_on_mesh(), mc.rows(case.logical_indices), put(mc.mesh, case.block_table),
+                mc.rows(case.token_to_req), mc.rows_heads(flat(case.output_gate)), mc.rows_heads(d_out))
         jitted = jax.jit(vjp_call(implementation))
         got = jitted(*args)
         for label, g, w in zip(("out", "dq", "dkv", "dgate"), got, want):
@@ -372,28 +397,17 @@ def scaled_checks(n, implementation, results, layouts, explicit_too=False):
 
 def _scaled_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
     try:
-        mesh = make_mesh(shape, names, explicit)
-        shards, (lr, lk) = _shards(mesh, rows_ax, heads_ax)
-        case = attention_case(60 + n)
-        config = select_config(lr, lk, False, case.selection_width)
-        case = poison_unreferenced(case, config)
-        kv = jax.tree.map(lambda x: np.asarray(x).astype(E4M3),
-                          case.kv_cache if fused else case.split_caches())
-        head_shards = mesh.shape[heads_ax] if heads_ax else 1
-        if head_shards > KV_HEADS:
-            kv = jax.tree.map(np.asarray, qsa_jax.repeat_kv_heads(jax.tree.map(jnp.asarray, kv),
-                                                                  head_shards // KV_HEADS))
+        mc = mesh_case(shape, names, rows_ax, heads_ax, fused, explicit, seed=60 + n, kv_dtype=E4M3)
+        case = mc.case
 
         def call(q, kv_, li, t2r, gate, config=None):
             return qsa_jax.sparse_attention(q, kv_, li, case.block_table, t2r, gate, config=config,
                                             implementation=implementation, k_scale=0.5, v_scale=2.0)
 
-        want = per_shard_reference(shards, fused, case, kv, case.q, lambda q, kv_, li, t2r, gate, _: (
-            call(q, kv_, jnp.asarray(li), jnp.asarray(t2r), gate, config),))[0]
-        kv_put = (put(mesh, kv, None, heads_ax) if fused
-                  else tuple(put(mesh, x, None, None, heads_ax) for x in kv))
-        args = (put(mesh, case.q, rows_ax, heads_ax), kv_put, put(mesh, case.logical_indices, rows_ax),
-                put(mesh, case.token_to_req, rows_ax), put(mesh, case.output_gate, rows_ax, heads_ax))
+        want = per_shard_reference(mc.shards, fused, case, mc.kv, case.q, lambda q, kv_, li, t2r, gate, _: (
+            call(q, kv_, jnp.asarray(li), jnp.asarray(t2r), gate, mc.config),))[0]
+        args = (mc.rows_heads(case.q), mc.kv_on_mesh(), mc.rows(case.logical_indices), mc.rows(case.token_to_req),
+                mc.rows_heads(case.output_gate))
         jitted = jax.jit(call)
         problem = compare(name, jitted(*args), want, jitted, args)
         if problem is None and not explicit:  # the eager call goes the same way
