@@ -137,6 +137,9 @@ def main() -> None:
     mesh = None
     if a.mesh:
         d, m = (int(x) for x in a.mesh.split("x"))
+        if d * m > jax.device_count():
+            ap.error(f"--mesh {a.mesh} needs {d * m} devices; {jax.device_count()} here (without GPUs: "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={d * m})")
         mesh = Mesh(np.array(jax.devices()[:d * m]).reshape(d, m), ("data", "model"))
     t0 = time.perf_counter()
     losses = train(a.steps, implementation=a.implementation, mesh=mesh)

@@ -10,7 +10,9 @@ block, ``lanes`` (row, query head) pairs at a time, and gathers each pair's q an
 call from a 25 MB working set (notes/backward.md, "Session 15"). This tool times, on the
 benchmark's own selections and the kernel's own inverse index, the kernel itself and a
 probe kernel that makes exactly the same gathers in the same order and only sums them
-(no dots, no stores but one [D] row per program), at several lane counts and warps.
+(no dots, no stores but one [D] row per program), at several lane counts and warps. Compiled
+for sm_90 on the CPU machine (Triton 3.6, ptxas): lanes 32 / 2 warps 128 registers, 64 / 4
+warps 96, no spills (the kernel itself: 255 registers and 8-28 bytes of spills at 2 warps).
 
 Prediction (notes/backward.md): if the probe takes about as long as the kernel, the
 kernel is bound by its gathers and the 2.5x target needs fewer gathered bytes, not
@@ -48,7 +50,8 @@ def _probe_kernel(q_ref, starts_ref, ref_rows_ref, counts_ref, da_ref, delta_ref
                   p, lanes: int, block_rows: int):
     """The dK/dV kernel's lane walk with its gathers only: per step the lanes' q and dA rows
     ([lanes, D] bf16), multiplicities ([lanes, BR]), LSE and delta, summed into one [D] fp32
-    row per (block, KV head) program (so nothing is dead code)."""
+    row per (block, KV head) program (so nothing is dead code). The rows are summed by a dot
+    with a [16, lanes] mask, like the kernel's own dots (an fp32 [lanes, D] sum spilled)."""
     d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     block, head = pl.program_id(0), pl.program_id(1)
     start, end = starts_ref[block], starts_ref[block + 1]
@@ -56,7 +59,8 @@ def _probe_kernel(q_ref, starts_ref, ref_rows_ref, counts_ref, da_ref, delta_ref
     lane = lax.broadcasted_iota(jnp.int32, (lanes,), 0)
     slots = lax.broadcasted_iota(jnp.int32, (block_rows,), 0)
 
-    def body(step, acc):
+    def body(step, carry):
+        rows_sum, scalars = carry
         pair = step * lanes + lane
         ok = pair < pairs
         pair = jnp.minimum(pair, pairs - 1)
@@ -66,12 +70,15 @@ def _probe_kernel(q_ref, starts_ref, ref_rows_ref, counts_ref, da_ref, delta_ref
         flat = row * heads + head * g + j
         da = da_ref[flat, :]  # [M, D] bf16
         times = counts_ref[ref[:, None], slots[None, :]]  # [M, BR]
-        lane_sum = (jnp.sum(times.astype(jnp.float32), axis=1) + lse_ref[flat] + delta_ref[flat])[:, None]
-        both = q.astype(jnp.float32) + da.astype(jnp.float32) + lane_sum
-        return acc + jnp.sum(jnp.where(ok[:, None], both, 0.0), axis=0)
+        lane_sum = jnp.sum(times.astype(jnp.float32), axis=1) + lse_ref[flat] + delta_ref[flat]
+        mask = jnp.broadcast_to(ok[None, :], (16, lanes)).astype(jnp.bfloat16)  # [16, M]
+        rows_sum = (rows_sum + jnp.dot(mask, q, preferred_element_type=jnp.float32)
+                    + jnp.dot(mask, da, preferred_element_type=jnp.float32))  # [16, D], rows alike
+        return rows_sum, scalars + jnp.sum(jnp.where(ok, lane_sum, 0.0))
 
-    acc = lax.fori_loop(0, (pairs + lanes - 1) // lanes, body, jnp.zeros((d,), jnp.float32))
-    out_ref[block * p.num_kv_heads + head, :] = acc
+    zero = (jnp.zeros((16, d), jnp.float32), jnp.float32(0))
+    rows_sum, scalars = lax.fori_loop(0, (pairs + lanes - 1) // lanes, body, zero)
+    out_ref[block * p.num_kv_heads + head, :] = jnp.sum(rows_sum, axis=0) * (1 / 16) + scalars
 
 
 def probe(p, q, index, da16, delta, lse, *, lanes: int, num_warps: int, block_rows: int = BLOCK_ROWS):
@@ -104,8 +111,8 @@ def probe_reference(p, q, index, da16, delta, lse) -> np.ndarray:
             row, n = ref_rows[r], counts[r].astype(np.float64).sum()
             for h in range(hk):
                 js = slice(h * g, (h + 1) * g)
-                extra = n + lse_f[row, js] + delta_f[row, js]
-                out[b, h] += (qf[row, js] + daf[row, js] + extra[:, None]).sum(axis=0)
+                out[b, h] += (qf[row, js] + daf[row, js]).sum(axis=0)
+                out[b, h] += (n + lse_f[row, js] + delta_f[row, js]).sum()  # the scalars, on every column
     return out.reshape(-1, p.head_dim)
 
 
@@ -140,12 +147,15 @@ def build(tp: str, rows: int, small: bool, seed: int = 0):
 
 
 def gathered_bytes(p, index) -> dict:
-    """Bytes the lane walk gathers per call: q and dA rows, multiplicities, LSE and delta."""
+    """Bytes the lane walk gathers per call, as each lane loads them: its q and dA rows (bf16),
+    its reference's row number (int32) and multiplicities ([BR]), its LSE and delta (fp32).
+    Not counted (the kernel makes them, the probe does not): each program's [BR] K/V rows,
+    read once (about 1 GB at TP1 1024 rows), and its dK|dV rows, written once (as many)."""
     starts, _, counts = index
     refs = int(starts[-1]) * p.num_kv_heads  # every KV head walks every block's references
     pairs = refs * p.group_size
     qda = pairs * p.head_dim * 2 * 2
-    other = refs * counts.shape[1] * counts.dtype.itemsize + pairs * 8
+    other = pairs * (4 + counts.shape[1] * counts.dtype.itemsize + 4 + 4)
     return {"references": refs, "lane_pairs": pairs, "q_dA_bytes": qda, "total_bytes": qda + other}
 
 
@@ -153,7 +163,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tp", default="TP1")
     ap.add_argument("--rows", type=int, default=None, help="default: 1024 on GPU, 4 with --small")
-    ap.add_argument("--variants", default="32:2,32:4,64:2,64:4,16:1,32:1",
+    ap.add_argument("--variants", default="32:2,32:4,64:2,64:4",
                     help="comma-separated lanes:warps of the probe")
     ap.add_argument("--small", action="store_true", help="reduced sizes; check the probe against NumPy")
     ap.add_argument("--out", help="folder for gather_probe.json and gather_probe.md")

@@ -1,4 +1,4 @@
-"""The operators on a device mesh: tensor and data parallelism with no collectives.
+"""The operators on a device mesh: tensor and data parallelism, per shard.
 
 Mechanism: each operator's jitted body is a ``jax.experimental.custom_partitioning``
 function. On one device (or inside a ``shard_map``, where the arrays are
@@ -9,12 +9,15 @@ exactly as they are (so XLA inserts no resharding around the call) and lowers
 the implementation once more on the per-shard shapes, with the per-shard
 problem (and tiling) derived from those shapes. A plain ``jax.jit`` over
 sharded arrays, or an eager call with sharded arrays, then runs one local
-kernel per device and nothing else.
+kernel per device and nothing else -- except in the backward of sparse
+attention with rows split, whose cache cotangent is summed over the row shards
+(one all-reduce: ``_attention_local``).
 
 Why not ``shard_map`` keyed on ``x.sharding``: inside a user's ``jax.jit`` the
 arguments are tracers without a sharding (outside explicit-sharding mode), so a
 wrapper could only see the layout of eager calls; custom_partitioning sees the
-layout in both cases. Users who already work inside a ``shard_map`` need
+layout in both cases. Users who already work inside a ``shard_map`` (with
+``check_vma=False``: the kernels' outputs declare no varying manual axes) need
 nothing: there the operators see local arrays and run as on one device.
 
 On meshes with ``Explicit`` axes (``jax.make_mesh``'s default) the shardings
@@ -323,7 +326,7 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
     # cache's cotangent is their sum, the one collective of a sharded backward (data
     # parallelism). Each shard returns it unrounded (fp32) and the sum is rounded
     # once, as the one-device backward rounds its own fp32 sum once.
-    wide = {"kv_dtype": jnp.promote_types(kv_arrays[0].dtype, jnp.float32)} if summed else {}
+    wide = {"kv_dtype": jnp.dtype(jnp.promote_types(kv_arrays[0].dtype, jnp.float32))} if summed else {}
     out = fn(problem, *fn_args, q, kv_arrays, *rest, **wide)
     if step != "backward":
         return out

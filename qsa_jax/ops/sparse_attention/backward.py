@@ -187,12 +187,12 @@ def dq_to_table(problem: SparseAttentionProblem, q_table, dq):
 def kv_cotangent(problem: SparseAttentionProblem, kv_arrays, d_k_rows, d_v_rows, dtype=None):
     """dK, dV as [N, D] rows of ``KVLayout.rows_view`` -> cotangents in ``kv_arrays``' layout,
     in ``dtype`` (None: the cache's own)."""
-    kv = problem.kv
-    if kv.fused:
-        both = jnp.stack([d_k_rows, d_v_rows], axis=1)  # [N, 2, D] = a fused row
-        return (both.reshape(kv_arrays[0].shape).astype(dtype or kv_arrays[0].dtype),)
-    return (d_k_rows.reshape(kv_arrays[0].shape).astype(dtype or kv_arrays[0].dtype),
-            d_v_rows.reshape(kv_arrays[1].shape).astype(dtype or kv_arrays[1].dtype))
+    def like(x, a):
+        return x.reshape(a.shape).astype(a.dtype if dtype is None else dtype)
+
+    if problem.kv.fused:
+        return (like(jnp.stack([d_k_rows, d_v_rows], axis=1), kv_arrays[0]),)  # [N, 2, D] = a fused row
+    return like(d_k_rows, kv_arrays[0]), like(d_v_rows, kv_arrays[1])
 
 
 def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,

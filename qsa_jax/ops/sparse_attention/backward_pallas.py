@@ -375,20 +375,22 @@ def named_pages(p: SparseAttentionProblem, block_table):
 
 def _kv_cotangent(p: SparseAttentionProblem, kv_arrays, dkv, compaction, dtype=None):
     """The fp32 accumulator (dK | dV per row, ``compaction``'s pages or the whole cache)
-    in ``kv_arrays``' layout and ``dtype`` (None: the cache's): for the fused cache a conversion in place of the row order
-    it already has (and, for the selection walk with compaction, a scatter of whole pages; the
-    inverted walk writes its named pages in place and arrives without compaction)."""
+    in ``kv_arrays``' layout and ``dtype`` (None: the cache's): for the fused cache a
+    conversion in place of the row order it already has (and, for the selection walk with
+    compaction, a scatter of whole pages; the inverted walk writes its named pages in place
+    and arrives without compaction)."""
     kv, d = p.kv, p.head_dim
     if compaction is None:
         if kv.fused:
-            return (dkv.reshape(kv_arrays[0].shape).astype(dtype or kv_arrays[0].dtype),)
+            return (dkv.reshape(kv_arrays[0].shape).astype(kv_arrays[0].dtype if dtype is None else dtype),)
         return B.kv_cotangent(p, kv_arrays, dkv[:, :d], dkv[:, d:], dtype)
     pages = compaction[0]
     per_page = dkv.reshape((pages.shape[0],) + kv_arrays[0].shape[1:-1] + (2 * d,))
     halves = (per_page,) if kv.fused else (per_page[..., :d], per_page[..., d:])
     # Padding pages (index NB) fall outside the cache and are dropped.
-    return tuple(jnp.zeros(a.shape, dtype or a.dtype).at[pages].set(h.astype(dtype or a.dtype), mode="drop")
-                 for a, h in zip(kv_arrays, halves))
+    dtypes = [a.dtype if dtype is None else dtype for a in kv_arrays]
+    return tuple(jnp.zeros(a.shape, t).at[pages].set(h.astype(t), mode="drop")
+                 for a, h, t in zip(kv_arrays, halves, dtypes))
 
 
 def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_to_req, order: str,
@@ -508,7 +510,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
       jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
     if inverted:
         dkv = _inverted_dkv(p, q, k_rows, v_rows, acc, compaction, acc_rows, da16, delta, lse,
-                            kv_dtype or kv_arrays[0].dtype, block_n or INVERTED_BLOCK_ROWS,
+                            kv_arrays[0].dtype if kv_dtype is None else kv_dtype, block_n or INVERTED_BLOCK_ROWS,
                             lanes or INVERTED_LANES, num_warps, interpreted)
     # The inverted walk's dK/dV is already cache-shaped (named pages written in place).
     return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)),
