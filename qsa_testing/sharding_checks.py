@@ -28,6 +28,7 @@ import qsa_jax
 from qsa_jax.config import select_config
 from qsa_testing.cases import (E4M3, add_edge_rows, compress_case, poison_unreferenced, sparse_attention_case,
                                store_case)
+from qsa_testing.gradients import BF16_BAR, error_over_floor, float64_gradients
 
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
 
@@ -85,14 +86,21 @@ def attention_layouts(n):
     return out
 
 
-def attention_checks(n, implementation, results, explicit_too=True, layouts=None):
-    for i, (lname, shape, names, rows_ax, heads_ax) in enumerate(layouts or attention_layouts(n)):
+def layout_runs(n, implementation, layouts, explicit_too, suffix="", fused_first=True):
+    """(case name, mesh shape, axis names, rows axis, heads axis, fused, explicit) per run:
+    layouts alternate fused and split caches, and the first also runs on an Explicit mesh."""
+    for i, (lname, shape, names, rows_ax, heads_ax) in enumerate(layouts):
         for explicit in ((False, True) if explicit_too and i == 0 else (False,)):
-            fused = i % 2 == 0
-            name = (f"sparse_attention/{implementation}/{n}dev/{lname}/{'fused' if fused else 'split'}"
+            fused = (i % 2 == 0) == fused_first
+            name = (f"sparse_attention/{implementation}/{n}dev/{lname}/{'fused' if fused else 'split'}{suffix}"
                     + ("/explicit" if explicit else ""))
-            results.append(_attention_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit,
-                                           implementation))
+            yield name, shape, names, rows_ax, heads_ax, fused, explicit
+
+
+def attention_checks(n, implementation, results, explicit_too=True, layouts=None):
+    for run in layout_runs(n, implementation, layouts or attention_layouts(n), explicit_too):
+        name, rest = run[0], run[1:]
+        results.append(_attention_case(name, n, *rest, implementation))
 
 
 def _attention_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
@@ -271,35 +279,17 @@ def shard_vjp(implementation, config, q, kv, li, bt, t2r, gate, d_out):
     return out, dq, dkv if isinstance(kv, tuple) else dkv[0], dgate
 
 
-# The cache cotangent's error against the float64 gradient, as a multiple of the bf16
-# floor (the float64 gradient rounded once): tests/test_backward.py's bars. With rows
-# split the sum over row shards must stay as accurate as one device's sum.
-KV_BAR = {"xla": 1.15, "pallas": 2.1}
-
-
-def _kv_error_over_floor(case, kv, fused, config, d_out, dkv) -> float:
-    """err(dkv) / err(floor) against the exact function's float64 cache cotangent."""
-    from qsa_jax.ops.sparse_attention import backward as B
+def _kv_error_over_floor(case, kv, config, d_out, dkv) -> float:
+    """err(dkv) / err(bf16 floor) against the exact function's float64 cache cotangent."""
     from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
 
-    with jax.enable_x64(True):
-        f64 = lambda x: jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
-        kv64 = jax.tree.map(f64, kv)
-        kv_arrays = kv64 if isinstance(kv64, tuple) else (kv64,)
-        meta = tuple(jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
-        problem = check_sparse_attention_args(
-            jnp.asarray(case.q), jax.tree.map(jnp.asarray, kv), *meta, jnp.asarray(case.output_gate),
-            use_prefill_config=False, config=tuple(config))
-        c = f64(d_out)
-
-        def loss(kv_arrays):
-            return jnp.sum(B.exact_forward(problem, f64(case.q), kv_arrays, *meta, f64(case.output_gate))[0] * c)
-
-        ref = [np.asarray(x) for x in jax.grad(loss)(kv_arrays)]
-    mine = [np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64) for x in jax.tree.leaves(dkv)]
-    err = lambda x, r: np.linalg.norm(x - r) / np.linalg.norm(r)  # noqa: E731
-    floor = [np.asarray(jnp.asarray(r, jnp.bfloat16).astype(jnp.float32), np.float64) for r in ref]
-    return max(err(m, r) / err(f, r) for m, f, r in zip(mine, floor, ref))
+    kv_arrays = kv if isinstance(kv, tuple) else (kv,)
+    meta = (case.logical_indices, case.block_table, case.token_to_req)
+    problem = check_sparse_attention_args(
+        jnp.asarray(case.q), jax.tree.map(jnp.asarray, kv), *(jnp.asarray(x) for x in meta),
+        jnp.asarray(case.output_gate), use_prefill_config=False, config=tuple(config))
+    ref = float64_gradients(problem, case.q, kv_arrays, *meta, case.output_gate, d_out, argnums=1)
+    return max(error_over_floor(m, r) for m, r in zip(jax.tree.leaves(dkv), ref))
 
 
 ROWS_OVER_TWO_AXES = ("rows2x2xheads2-gate2d", (2, 2, 2), ("dp", "fsdp", "model"), ("dp", "fsdp"), "model")
@@ -309,16 +299,10 @@ def gradient_checks(n, implementation, results, layouts, explicit_too=False, fus
     """jax.vjp through a sharded call: the residual forward and the backward run per shard,
     so the output and every cotangent equal the shards' own one-device vjps (the cache's
     summed over row shards in fp32 and rounded once), and the compiled program holds no
-    collective but the all-reduce of that sum (none at all when rows are whole). Layouts
-    alternate fused and split caches; a layout named "...-gate2d" passes the gate as
-    [R, H * D]."""
-    for i, (lname, shape, names, rows_ax, heads_ax) in enumerate(layouts):
-        for explicit in ((False, True) if explicit_too and i == 0 else (False,)):
-            fused = (i % 2 == 0) == fused_first
-            name = (f"sparse_attention/{implementation}/{n}dev/{lname}/{'fused' if fused else 'split'}/vjp"
-                    + ("/explicit" if explicit else ""))
-            results.append(_gradient_case(name, shape, names, rows_ax, heads_ax, fused, explicit,
-                                          implementation, gate2d=lname.endswith("-gate2d")))
+    collective but the all-reduce of that sum (none at all when rows are whole). A layout
+    named "...-gate2d" passes the gate as [R, H * D]."""
+    for run in layout_runs(n, implementation, layouts, explicit_too, "/vjp", fused_first):
+        results.append(_gradient_case(*run, implementation, gate2d="-gate2d/" in run[0]))
 
 
 def _psum_dtypes(jitted_fn, args) -> list[str]:
@@ -370,10 +354,10 @@ def _gradient_case(name, shape, names, rows_ax, heads_ax, fused, explicit, imple
         if rows_ax and not found:
             return {"name": name, "problem": "rows split, but no all-reduce sums the cache cotangent"}
         if rows_ax:
-            ratio = _kv_error_over_floor(case, kv, fused, config, d_out, got[2])
-            if not ratio <= KV_BAR[implementation]:
-                return {"name": name, "problem": f"dkv error {ratio:.2f}x the bf16 floor (bar "
-                                                 f"{KV_BAR[implementation]}x)"}
+            # With rows split the sum over row shards must stay as accurate as one device's.
+            ratio, bar = _kv_error_over_floor(case, kv, config, d_out, got[2]), BF16_BAR[implementation]["kv"]
+            if not ratio <= bar:
+                return {"name": name, "problem": f"dkv error {ratio:.2f}x the bf16 floor (bar {bar}x)"}
         if explicit and rows_ax:  # the reduction is in the traced program: it must sum fp32
             dtypes = _psum_dtypes(jitted, args)
             if not dtypes or set(dtypes) != {"float32"}:
@@ -386,13 +370,9 @@ def _gradient_case(name, shape, names, rows_ax, heads_ax, fused, explicit, imple
 def scaled_checks(n, implementation, results, layouts, explicit_too=False):
     """vLLM 0.34's arithmetic on a mesh: an e4m3 cache with k/v scales runs per shard (the
     scale pair whole on every device), equal to each shard's one-device call, no collectives."""
-    for i, (lname, shape, names, rows_ax, heads_ax) in enumerate(layouts):
-        for explicit in ((False, True) if explicit_too and i == 0 else (False,)):
-            fused = i % 2 == 0
-            name = (f"sparse_attention/{implementation}/{n}dev/{lname}/{'fused' if fused else 'split'}"
-                    f"/fp8-scaled" + ("/explicit" if explicit else ""))
-            results.append(_scaled_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit,
-                                        implementation))
+    for run in layout_runs(n, implementation, layouts, explicit_too, "/fp8-scaled"):
+        name, rest = run[0], run[1:]
+        results.append(_scaled_case(name, n, *rest, implementation))
 
 
 def _scaled_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
