@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 import jax
 import jax.extend
@@ -29,6 +32,27 @@ from qsa_jax.config import select_config
 from qsa_testing.cases import (E4M3, add_edge_rows, compress_case, poison_unreferenced, sparse_attention_case,
                                store_case)
 from qsa_testing.gradients import BF16_BAR, error_over_floor, float64_gradients
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def forced_devices_env(count: int = 8) -> dict:
+    """The environment of a subprocess with ``count`` forced host devices (a process-wide XLA
+    flag: the calling test process keeps its one device) that imports this checkout."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={count}").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def run_with_forced_devices(module: str, *args: str, timeout: int = 900) -> list[dict]:
+    """``python -m module *args`` with 8 forced host devices: its JSON list of cases."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=forced_devices_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
 
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
 

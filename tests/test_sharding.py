@@ -13,30 +13,17 @@ shards by the program's one collective, an all-reduce.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _forced_devices_env():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+from qsa_testing.sharding_checks import ROOT, forced_devices_env, run_with_forced_devices
 
 
 @pytest.fixture(scope="module")
 def results():
-    proc = subprocess.run([sys.executable, "-m", "qsa_testing.sharding_checks", "--pallas"], cwd=ROOT,
-                          env=_forced_devices_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_with_forced_devices("qsa_testing.sharding_checks", "--pallas", timeout=600)
 
 
 def test_every_case_passes(results):
@@ -87,8 +74,7 @@ def test_all_supported_attention_layouts_ran(results):
 
 def test_multi_gpu_script_on_forced_cpu_devices(tmp_path):
     """tools/multi_gpu.py at reduced sizes on 4 host devices: runs, agrees, writes its report."""
-    env = _forced_devices_env()
-    env["XLA_FLAGS"] = env["XLA_FLAGS"].replace("device_count=8", "device_count=4")
+    env = forced_devices_env(4)
     proc = subprocess.run([sys.executable, "tools/multi_gpu.py", "--small", "--rows", "1,8", "--out",
                            str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -16,9 +16,9 @@ attention with rows split, whose cache cotangent is summed over the row shards
 Why not ``shard_map`` keyed on ``x.sharding``: inside a user's ``jax.jit`` the
 arguments are tracers without a sharding (outside explicit-sharding mode), so a
 wrapper could only see the layout of eager calls; custom_partitioning sees the
-layout in both cases. Users who already work inside a ``shard_map`` (with
-``check_vma=False``: the kernels' outputs declare no varying manual axes) need
-nothing: there the operators see local arrays and run as on one device.
+layout in both cases. Users who already work inside a ``shard_map`` need nothing:
+there the operators see local arrays and run as on one device (with ``check_vma=True``
+typed by ``_vma``, bypassing the partitioning wrappers, which would drop those types).
 
 On meshes with ``Explicit`` axes (``jax.make_mesh``'s default) the shardings
 are part of the types: the layout is checked at trace time and the shards run
@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from qsa_jax.ops import _vma
 
 
 ROWS, HEADS, KV_HEADS, PAGES = "rows", "heads", "kv_heads", "pages"
@@ -220,6 +222,11 @@ def _differentiable(layout, local, static, *arrays):
 def run(layout: Layout, local: Callable, static, *arrays):
     """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
     or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
+    if _vma.varying(arrays):
+        # Inside a caller's shard_map with check_vma=True: the arrays are local, and the
+        # partitioning wrappers below would drop their manual-axes types; JAX differentiates
+        # and batches ``local`` itself, which types its arrays and results (_vma).
+        return local(static, {}, *arrays)
     leaves = jax.tree.leaves(arrays)
     mesh = _explicit_mesh(leaves)
     if mesh is None:
@@ -321,19 +328,32 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
         # own rows x KV heads (as on one GPU of that tensor-parallel size)
         # unless the caller fixed config=.
         problem = problem.for_shard(q.shape[0], q.shape[1], kv_arrays[0].shape[1 if problem.kv.fused else 2])
-    summed = step == "backward" and ROWS in axes
+    # Inside a caller's shard_map with check_vma=True the results vary over every manual axis
+    # an argument varies over, whatever the implementation declared (_vma); elsewhere a no-op.
+    union = _vma.varying(q, kv_arrays, rest)
+    if step != "backward":
+        return _vma.uniform(fn(problem, *fn_args, q, kv_arrays, *rest), union)
     # Every row shard holds a gradient of the same cache rows (its KV heads): the
     # cache's cotangent is their sum, the one collective of a sharded backward (data
     # parallelism). Each shard returns it unrounded (fp32) and the sum is rounded
-    # once, as the one-device backward rounds its own fp32 sum once.
-    wide = {"kv_dtype": jnp.dtype(jnp.promote_types(kv_arrays[0].dtype, jnp.float32))} if summed else {}
-    out = fn(problem, *fn_args, q, kv_arrays, *rest, **wide)
-    if step != "backward":
-        return out
-    d_q, d_kv, d_gate = out
-    if summed:
-        d_kv = tuple(jax.lax.psum(x, axes[ROWS]).astype(a.dtype) for x, a in zip(d_kv, kv_arrays))
-    return (d_q, *d_kv, d_gate)
+    # once, as the one-device backward rounds its own fp32 sum once. Inside a caller's
+    # shard_map (check_vma=True) an argument replicated over a manual axis that another
+    # argument varies over is such a sum too, over that axis (_vma.missing).
+    row_axes = tuple(axes.get(ROWS, ()))
+    kv_sums = [row_axes + _vma.missing(a, union) for a in kv_arrays]
+    wide = {"kv_dtype": jnp.dtype(jnp.promote_types(kv_arrays[0].dtype, jnp.float32))} if any(kv_sums) else {}
+    d_q, d_kv, d_gate = _vma.uniform(fn(problem, *fn_args, q, kv_arrays, *rest, **wide), union)
+
+    def summed(x, over, like):
+        if not over:
+            return x.astype(like.dtype)
+        # q's and the gate's come rounded (replicated over an axis the cache or the metadata
+        # varies on: rare); the sum still runs in fp32, rounded once more.
+        return jax.lax.psum(x.astype(jnp.promote_types(x.dtype, jnp.float32)), over).astype(like.dtype)
+
+    d_kv = tuple(summed(x, over, a) for x, over, a in zip(d_kv, kv_sums, kv_arrays))
+    gate = rest[-4]  # output_gate (before attention, lse, d_out)
+    return (summed(d_q, _vma.missing(q, union), q), *d_kv, summed(d_gate, _vma.missing(gate, union), gate))
 
 
 def _attention_layout_of(problem, q, gate, step="forward") -> Layout:
@@ -417,6 +437,7 @@ def compress_layout(with_rope: bool) -> Layout:
                        ("requests", "every row may belong to any request")))
 
 
+@_vma.typed
 def _compress_local(static, axes, raw_keys, raw_positions, ring, block_table, token_to_req,
                     query_start_loc, logical_positions, compressed_slots, *rope):
     run_impl, problem = static
@@ -481,6 +502,7 @@ def store_layout(rows_ndim: int) -> Layout:
                   why=(("slot_mapping", _STORE_WHY), ("rows", _STORE_WHY)))
 
 
+@_vma.typed
 def _store_local(static, axes, cache, slot_mapping, rows):
     run_impl, problem = static
     if PAGES in axes:

@@ -10,7 +10,8 @@
 # loads cost the rest and the kernel has headroom (then: prefetch the next step's reference rows).
 # Then the backward's fp32 cache cotangent (what a row-split mesh sums; test_gpu_backward.py
 # -k fp32_cache: rounded, the default's bits) and the mesh gradient on the one GPU (degenerate
-# 1 x 1 mesh; the vjp rows of tools/multi_gpu.py).
+# 1 x 1 mesh; the vjp rows of tools/multi_gpu.py). Session 16 added: the Pallas kernels inside a
+# caller's jax.shard_map with check_vma=True (test_shard_map.py -m gpu; lowered for CUDA on CPU only).
 # Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_session15_a.sh
 source tools/gpu_env.sh
 set -o pipefail
@@ -18,6 +19,8 @@ for tp in TP1 TP4; do
   timeout -s INT 200 python3 tools/backward_gather_probe.py --tp "$tp" --rows 1024 --out "$OUT/probe_$tp" \
     > "$OUT/probe_$tp.log" 2>&1; echo "probe $tp rc=$?"; cat "$OUT/probe_$tp/gather_probe.md" 2>/dev/null
 done
+timeout -s INT 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_shard_map.py \
+  > "$OUT/shard_map.log" 2>&1; echo "pallas inside shard_map rc=$?"; tail -2 "$OUT/shard_map.log"
 timeout -s INT 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_gpu_backward.py -k fp32_cache \
   > "$OUT/fp32_cache.log" 2>&1; echo "fp32 cache cotangent rc=$?"; tail -2 "$OUT/fp32_cache.log"
 timeout -s INT 150 python3 tools/multi_gpu.py --rows 64,1024 --out "$OUT/multi_gpu" > "$OUT/multi_gpu.log" 2>&1

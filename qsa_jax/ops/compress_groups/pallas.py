@@ -18,9 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from qsa_jax.ops.compress_groups.base import CompressProblem
-
+from qsa_jax.ops import _vma
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
+from qsa_jax.ops.compress_groups.base import CompressProblem
 
 
 def _kernel(keys_ref, pos_ref, ring_ref, table_ref, req_ref, qsl_ref, lpos_ref, slot_ref, *rest,
@@ -84,7 +84,7 @@ def run(p: CompressProblem, raw_keys, raw_positions, ring, block_table, token_to
             logical_positions, compressed_slots]
     if p.with_rope:
         args.append(rope_cache)
-    return pl.pallas_call(
+    return _vma.pallas_call(
         functools.partial(_kernel, p=p, block_d=next_pow2(p.head_dim)),
         out_shape=(jax.ShapeDtypeStruct((rows, 1, p.head_dim), raw_keys.dtype),
                    jax.ShapeDtypeStruct((rows, 3), pos_dtype)),

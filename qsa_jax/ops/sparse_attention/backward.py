@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from qsa_jax.ops import _sharding
+from qsa_jax.ops import _sharding, _vma
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, SparseAttentionProblem, entry_rows, head_row_stride)
 
@@ -258,7 +258,10 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
 
     xs = (jnp.moveaxis(row0.reshape(rows, steps, chunk), 1, 0),
           jnp.moveaxis(valid.reshape(rows, steps, chunk), 1, 0))
-    (dq, dk, dv), _ = lax.scan(step, (jnp.zeros((rows, hk, g, d), dtype), zero_kv, zero_kv), xs)
+    # Inside a caller's shard_map the carries vary as the inputs do (a loop's types must match).
+    init = _vma.like((jnp.zeros((rows, hk, g, d), dtype), zero_kv, zero_kv), q, kv_arrays, logical_indices,
+                     block_table, token_to_req, output_gate, attention, lse, d_out)
+    (dq, dk, dv), _ = lax.scan(step, init, xs)
     return (dq_to_table(p, q, dq.reshape(rows, heads, d)), kv_cotangent(p, kv_arrays, dk, dv, kv_dtype),
             d_gate)
 

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from qsa_jax.ops import _vma
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu
 from qsa_jax.ops._relaxed_atomics import relaxed_atomic_add
 from qsa_jax.ops.sparse_attention import backward as B
@@ -493,7 +494,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     da16 = d_attention.reshape(rows * heads, d).astype(jnp.bfloat16)
     delta = delta.reshape(rows * heads)
     lse = lse.reshape(rows * heads).astype(jnp.float32)
-    dq, dkv = pl.pallas_call(
+    dq, dkv = _vma.pallas_call(
         kernel,
         out_shape=acc_shapes,
         grid=(rows, p.num_kv_heads, splits),
@@ -565,7 +566,7 @@ def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction,
     zeros = jnp.zeros((kv.num_rows if compact else 1, 2 * d), dtype)
     kernel = functools.partial(_inverted_kernel, p=p, block_rows=block_rows, lanes=lanes,
                                compact=compact, interpreted=interpreted)
-    return pl.pallas_call(
+    return _vma.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((kv.num_rows if compact else acc_rows, 2 * d), dtype),
         grid=(num_slots // block_rows, kv.num_kv_heads),

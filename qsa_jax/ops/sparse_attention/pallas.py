@@ -49,6 +49,7 @@ from jax import lax
 
 from qsa_jax import config
 from qsa_jax.config import pallas_launch
+from qsa_jax.ops import _vma
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 from qsa_jax.ops.sparse_attention.base import (
     F16_QUERY_MAX_SHIFT, F16_QUERY_TOP_EXPONENT, LOG2_E, MASKED_SCORE, SparseAttentionProblem, as_e4m3,
@@ -444,7 +445,7 @@ def split_kernel(p: SparseAttentionProblem, q, kv_arrays, logical_indices, block
         # Zeroed per call (a memset on the GPU): the kernel counts arrivals into it in place.
         aliases = {len(inputs): len(out_shape) - 1}
         inputs += (jnp.zeros((rows * p.num_kv_heads,), jnp.int32),)
-    result = pl.pallas_call(
+    result = _vma.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(rows, p.num_kv_heads, num_splits),
@@ -471,7 +472,7 @@ def merge_kernel(p: SparseAttentionProblem, partial, lse, output_gate, *, residu
     out_shape = jax.ShapeDtypeStruct((rows * heads, d), jnp.bfloat16)
     if residuals:  # + ungated attention (bf16) and merged LSE, for the backward pass
         out_shape = (out_shape, out_shape, jax.ShapeDtypeStruct((rows * heads,), jnp.float32))
-    merged = pl.pallas_call(
+    merged = _vma.pallas_call(
         functools.partial(_merge_kernel, num_splits=num_splits, block_s=next_pow2(num_splits),
                           block_d=block_d),
         out_shape=out_shape,

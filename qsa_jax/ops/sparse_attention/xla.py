@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from qsa_jax.ops import _vma
 from qsa_jax.ops.sparse_attention.base import (
     LOG2_E, MASKED_SCORE, SparseAttentionProblem, as_e4m3, entry_rows, finish_split,
     gate_epilogue, head_row_stride, merge_splits, merged_lse, operand_dtypes)
@@ -91,9 +92,11 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
         norm = norm * alpha + probs.sum(axis=-1)
         return (acc, norm, new_max), None
 
-    init = (jnp.zeros((rows, splits, hk, g, d), jnp.float32),
-            jnp.zeros((rows, splits, hk, g), jnp.float32),
-            jnp.full((rows, splits, hk, g), MASKED_SCORE, jnp.float32))
+    # Inside a caller's shard_map the carries vary as the inputs do (a loop's types must match).
+    init = _vma.like((jnp.zeros((rows, splits, hk, g, d), jnp.float32),
+                      jnp.zeros((rows, splits, hk, g), jnp.float32),
+                      jnp.full((rows, splits, hk, g), MASKED_SCORE, jnp.float32)),
+                     q, kv_arrays, logical_indices, block_table, token_to_req, scales)
     xs = (jnp.moveaxis(row0, 1, 0), jnp.moveaxis(valid, 1, 0))
     (acc, norm, run_max), _ = lax.scan(step, init, xs)
 

@@ -18,9 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from qsa_jax.ops.store_cache_rows.base import StoreProblem
-
+from qsa_jax.ops import _vma
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
+from qsa_jax.ops.store_cache_rows.base import StoreProblem
 
 
 def _kernel(slots_ref, rows_ref, cache_in_ref, cache_ref, *, p: StoreProblem, block_w: int):
@@ -41,7 +41,7 @@ def run(p: StoreProblem, cache, slot_mapping, rows):
         return cache
     slots = slot_mapping.reshape(-1).astype(jnp.int32)
     rows2 = rows.reshape(p.num_rows, p.width)
-    return pl.pallas_call(
+    return _vma.pallas_call(
         functools.partial(_kernel, p=p, block_w=next_pow2(p.width)),
         out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
         grid=(p.num_rows,),
