@@ -163,29 +163,37 @@ def refuses_replicated_out_specs(mc, implementation, trace_only=False) -> str | 
 
 def partly_automatic(results):
     """shard_map over "data" of a (data, model) mesh, "model" left automatic: heads split over
-    "model" are gathered by XLA (one all-gather; the README says so), nothing split over it
-    runs without collectives; both equal the one-device call on each data shard's rows."""
+    "model" are gathered by XLA (all-gathers; the README says so), with the check on or off and
+    with rows split over "data" or whole; nothing split over "model" runs without collectives;
+    each equals the one-device call on each data shard's rows."""
     mc = mesh_case((2, 2), ("data", "model"), "data", None, True, False, seed=16)
     case, mesh = mc.case, mc.mesh
     want = per_shard_reference(mc.shards, True, case, mc.kv, case.q, lambda q, kv, li, t2r, gate, _: (
         qsa_jax.sparse_attention(q, kv, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate,
                                  config=mc.config, implementation="xla"),))[0]
-    mapped = jax.jit(jax.shard_map(
-        lambda *a: qsa_jax.sparse_attention(*a, implementation="xla"), mesh=mesh,
-        in_specs=(P("data"), P(), P("data"), P(), P("data"), P("data")), out_specs=P("data"), axis_names={"data"}))
-
     def put(x, *spec):
         return jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(*spec)))
 
-    for heads, expected in ((None, []), ("model", ["all-gather"])):
-        def check(heads=heads, expected=expected):
-            args = (put(case.q, "data", heads), put(mc.kv, None, heads), put(case.logical_indices, "data"),
-                    put(case.block_table), put(case.token_to_req, "data"), put(case.output_gate, "data", heads))
-            problem = _differs("output", mapped(*args), want)
+    runs = [(None, "data", True, []), ("model", "data", True, ["all-gather"]),
+            ("model", "data", False, ["all-gather"]), ("model", None, True, ["all-gather"])]
+    for heads, rows, check_vma, expected in runs:
+        def check(heads=heads, rows=rows, check_vma=check_vma, expected=expected):
+            mapped = jax.jit(jax.shard_map(
+                lambda *a: qsa_jax.sparse_attention(*a, implementation="xla"), mesh=mesh,
+                in_specs=(P(rows), P(), P(rows), P(), P(rows), P(rows)), out_specs=P(rows), axis_names={"data"},
+                check_vma=check_vma))
+            args = (put(case.q, rows, heads), put(mc.kv, None, heads), put(case.logical_indices, rows),
+                    put(case.block_table), put(case.token_to_req, rows), put(case.output_gate, rows, heads))
+            # Rows whole over "data": every device computes all rows (the whole-array tiling).
+            reference = want if rows else qsa_jax.sparse_attention(
+                *(jnp.asarray(x) for x in (case.q, mc.kv, case.logical_indices, case.block_table,
+                                           case.token_to_req, case.output_gate)), implementation="xla")
+            problem = _differs("output", mapped(*args), reference)
             found = collectives_in(mapped, *args)
             return problem or (None if found == expected else f"collectives {found}, expected {expected}")
 
-        _run_case(results, f"sparse_attention/xla/partly-automatic/heads-over-{heads or 'nothing'}", check)
+        _run_case(results, f"sparse_attention/xla/partly-automatic/heads-over-{heads or 'nothing'}"
+                           f"/rows-{'split' if rows else 'whole'}/check_vma={check_vma}", check)
 
 
 def empty_batch_typed(results):
@@ -259,28 +267,34 @@ def per_device_problems(results):
         [(s.cache, s.slot_mapping, s.rows) for s in store], 1))
 
     def shared_queries():
-        """q and the gate replicated, each device its own cache, block table and selection:
-        their cotangents are the sums of the devices' ones (bf16 each, summed in fp32)."""
-        d_out = np.random.default_rng(75).standard_normal(cases[0].q.shape).astype(cases[0].q.dtype)
-        q, gate, d = (jnp.asarray(x) for x in (cases[0].q, cases[0].output_gate, d_out))
+        """q and the gate replicated over 4 devices, each its own cache, block table and
+        selection: their cotangents are the sums of the devices' own (bf16 each), summed in
+        fp32 and rounded once (a bf16 psum of 4 rounds more often: 4 devices tell them apart)."""
+        four = [attention_case(75 + i) for i in range(4)]
+        mesh4 = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+        d_out = np.random.default_rng(75).standard_normal(four[0].q.shape).astype(four[0].q.dtype)
+        q, gate, d = (jnp.asarray(x) for x in (four[0].q, four[0].output_gate, d_out))
         spec = P("data")
 
         def body(q, gate, kv, li, bt, t2r):
             return qsa_jax.sparse_attention(q, kv[0], li[0], bt[0], t2r[0], gate, implementation="xla")
 
-        mapped = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), spec, spec, spec, spec), out_specs=spec)
+        mapped = jax.shard_map(body, mesh=mesh4, in_specs=(P(), P(), spec, spec, spec, spec), out_specs=spec)
         per_device = [tuple(jnp.asarray(x) for x in (c.kv_cache, c.logical_indices, c.block_table, c.token_to_req))
-                      for c in cases]
+                      for c in four]
         stacked = [jnp.stack(xs) for xs in zip(*per_device)]
-        out, pull = jax.vjp(lambda q, gate: mapped(q, gate, *stacked), q, gate)
-        dq, dgate = pull(jnp.concatenate([d, d]))
+        grads = jax.jit(lambda q, gate, d: jax.vjp(lambda q, gate: mapped(q, gate, *stacked), q, gate)[1](d))
+        dq, dgate = grads(q, gate, jnp.concatenate([d] * 4))
         wants = [jax.vjp(lambda q, gate, a=a: body(q, gate, *(x[None] for x in a)), q, gate)[1](d) for a in per_device]
         for label, got, parts in (("dq", dq, [w[0] for w in wants]), ("dgate", dgate, [w[1] for w in wants])):
-            want = sum(np.asarray(x, np.float32) for x in parts).astype(got.dtype)
-            problem = _differs(label, got, want)
+            total = np.zeros(got.shape, np.float32)
+            for part in parts:  # in device order, as the all-reduce of 4 host devices adds
+                total += np.asarray(part, np.float32)
+            problem = _differs(label, got, total.astype(got.dtype))
             if problem:
                 return problem
-        return None
+        psums = _psum_dtypes(grads, (q, gate, jnp.concatenate([d] * 4)))
+        return None if psums and set(psums) == {"float32"} else f"psum operands {psums}, expected float32 only"
 
     _run_case(results, "per-device/sparse_attention/xla/shared-queries-vjp", shared_queries)
 
@@ -395,8 +409,6 @@ def pallas_checks(results):
 def aliased_input_typed() -> str | None:
     """A kernel output aliased to an input takes that input's type: ``_vma.pallas_call`` casts
     its inputs (e.g. zeros made for an in-place accumulator) so the output still varies."""
-    from jax.experimental import pallas as pl
-
     from qsa_jax.ops import _vma
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))

@@ -35,8 +35,10 @@ def test_every_case_passes(results):
     "compress/xla/empty-batch-typed", "store/xla/empty-batch-typed",
     "per-device/sparse_attention/xla", "per-device/compress/xla", "per-device/store/xla",
     "per-device/sparse_attention/xla/shared-queries-vjp", "per-device/compress/xla/shared-state-cache", "per-device/store/xla/shared-cache",
-    "second-order/xla/rows", "sparse_attention/xla/partly-automatic/heads-over-nothing",
-    "sparse_attention/xla/partly-automatic/heads-over-model",
+    "second-order/xla/rows",
+    "sparse_attention/xla/partly-automatic/heads-over-nothing/rows-split/check_vma=True",
+    *(f"sparse_attention/xla/partly-automatic/heads-over-model/{run}" for run in
+      ("rows-split/check_vma=True", "rows-split/check_vma=False", "rows-whole/check_vma=True")),
     "pallas/interpreter-refused", "pallas/jax-interpreter-limitation-still-present",
     "pallas/cuda-lowering/sparse_attention-rows2xheads2", "pallas/cuda-lowering/out_specs-refused",
     "pallas/cuda-lowering/indexer-operators", "pallas/cuda-lowering/aliased-input-typed",
@@ -56,7 +58,8 @@ def test_jax_triton_outputs_typed(results):
 @pytest.mark.gpu
 def test_pallas_inside_shard_map_gpu():
     """On the GPU the Pallas kernels run inside shard_map with the check on: the forward and
-    the vjp on a one-device mesh equal the plain calls bit for bit."""
+    the vjp on a one-device mesh equal the plain calls (bit for bit but dq, whose splits add
+    atomically)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -83,5 +86,9 @@ def test_pallas_inside_shard_map_gpu():
         out, pull = jax.vjp(lambda q, kv, g: fn(q, kv, g, li, bt, t2r), q, kv, g)
         return (out, *pull(d_out))
 
-    for a, b in zip(jax.tree.leaves(vjp(mapped)), jax.tree.leaves(vjp(call))):
-        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+    got, want = vjp(mapped), vjp(call)
+    for label, a, b in zip(("output", "dq", "dkv", "dgate"), got, want):
+        if label == "dq":  # atomics across splits: the same sums in a possibly different order
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2, atol=1e-3)
+        else:
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16), label)

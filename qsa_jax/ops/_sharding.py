@@ -17,8 +17,8 @@ Why not ``shard_map`` keyed on ``x.sharding``: inside a user's ``jax.jit`` the
 arguments are tracers without a sharding (outside explicit-sharding mode), so a
 wrapper could only see the layout of eager calls; custom_partitioning sees the
 layout in both cases. Users who already work inside a ``shard_map`` need nothing:
-there the operators see local arrays and run as on one device (with ``check_vma=True``
-typed by ``_vma``, bypassing the partitioning wrappers, which would drop those types).
+there the operators see local arrays and run as plain local calls, bypassing the
+partitioning wrappers (which would drop ``check_vma=True``'s types, typed by ``_vma``).
 
 On meshes with ``Explicit`` axes (``jax.make_mesh``'s default) the shardings
 are part of the types: the layout is checked at trace time and the shards run
@@ -222,10 +222,11 @@ def _differentiable(layout, local, static, *arrays):
 def run(layout: Layout, local: Callable, static, *arrays):
     """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
     or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
-    if _vma.varying(arrays):
-        # Inside a caller's shard_map with check_vma=True: the arrays are local, and the
-        # partitioning wrappers below would drop their manual-axes types; JAX differentiates
-        # and batches ``local`` itself, which types its arrays and results (_vma).
+    if jax.sharding.get_abstract_mesh().manual_axes:
+        # Inside a caller's shard_map: the arrays are local (XLA partitions any axis left
+        # automatic), and the partitioning wrappers below would drop their manual-axes types
+        # (check_vma=True); JAX differentiates and batches ``local`` itself, which types its
+        # results (_vma).
         return local(static, {}, *arrays)
     leaves = jax.tree.leaves(arrays)
     mesh = _explicit_mesh(leaves)
@@ -352,8 +353,9 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
         return jax.lax.psum(x.astype(jnp.promote_types(x.dtype, jnp.float32)), over).astype(like.dtype)
 
     d_kv = tuple(summed(x, over, a) for x, over, a in zip(d_kv, kv_sums, kv_arrays))
-    gate = rest[-4]  # output_gate (before attention, lse, d_out)
-    return (summed(d_q, _vma.missing(q, union), q), *d_kv, summed(d_gate, _vma.missing(gate, union), gate))
+    logical_indices, block_table, token_to_req, output_gate, attention, lse, d_out = rest
+    return (summed(d_q, _vma.missing(q, union), q), *d_kv,
+            summed(d_gate, _vma.missing(output_gate, union), output_gate))
 
 
 def _attention_layout_of(problem, q, gate, step="forward") -> Layout:

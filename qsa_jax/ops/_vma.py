@@ -16,8 +16,8 @@ cotangents. An operator's result varies over every axis one of its arguments var
   cache's in fp32 and rounds once, as for row shards of a mesh).
 
 Outside ``shard_map``, or with ``check_vma=False``, every array varies over nothing: each
-function here returns its input unchanged and the compiled program is the same as without
-this module. Casts are ``jax.lax.pcast(..., to="varying")``, a no-op on the data. Public
+cast returns its input unchanged, the kernels' output structs are rebuilt declaring no axes
+(which Pallas then ignores), and the compiled program is the same as without this module. Casts are ``jax.lax.pcast(..., to="varying")``, a no-op on the data. Public
 JAX API only (``jax.typeof``, ``jax.lax.pcast``, ``jax.sharding.ManualAxisType``);
 tests/test_shard_map.py runs the operators inside ``shard_map`` with the check on.
 """
@@ -92,7 +92,8 @@ def pallas_call(kernel, *, out_shape, **kwargs):
 
 def typed(local):
     """Decorates an operator's per-shard body ``local(static, axes, *arrays)``: its results
-    cast to the union of the arrays' axes."""
+    cast to the union of the arrays' axes. (Sparse attention's body types its own: its
+    backward's sums leave some cotangents varying over fewer axes.)"""
     @functools.wraps(local)
     def body(static, axes, *arrays):
         return like(local(static, axes, *arrays), arrays)

@@ -96,7 +96,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     init = _vma.like((jnp.zeros((rows, splits, hk, g, d), jnp.float32),
                       jnp.zeros((rows, splits, hk, g), jnp.float32),
                       jnp.full((rows, splits, hk, g), MASKED_SCORE, jnp.float32)),
-                     q, kv_arrays, logical_indices, block_table, token_to_req, scales)
+                     q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales)
     xs = (jnp.moveaxis(row0, 1, 0), jnp.moveaxis(valid, 1, 0))
     (acc, norm, run_max), _ = lax.scan(step, init, xs)
 
