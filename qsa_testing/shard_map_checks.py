@@ -19,6 +19,8 @@ Checked here, for every implementation that can run or lower on this machine:
 - Pallas lowered for CUDA (forward, gradient, indexer operators) with the check on; its CPU
   interpreter refused with a clear error, and the JAX limitation behind that refusal
   still present (a canary that fails once a JAX upgrade lifts it);
+- vLLM 0.34's fp8 arithmetic with host and per-device traced k/v scales; partly automatic
+  ``shard_map``s (XLA gathers what is split over the automatic axis);
 - second derivatives, and ``check_vma=False`` (the forward bit for bit; there JAX sums a
   replicated cache's cotangent itself, in bf16).
 """
@@ -36,9 +38,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import qsa_jax
-from qsa_testing.cases import compress_case, store_case
+from qsa_testing.cases import E4M3, compress_case, store_case
 from qsa_testing.gradients import BF16_BAR
-from qsa_testing.sharding_checks import (attention_case, attention_layouts, bits, collectives_in, mesh_case,
+from qsa_testing.sharding_checks import (ROWS, attention_case, attention_layouts, bits, collectives_in, mesh_case,
                                          per_shard_reference, shard_vjp, _kv_error_over_floor,
                                          _psum_dtypes)
 
@@ -148,6 +150,40 @@ def attention_check(layout, fused, check_vma, seed):
         return f"check_vma=False: psum operands {psums} (the README says JAX sums the bf16 cotangents)"
     if not rows_ax and (psums or collectives_in(grads, *args)):
         return f"rows whole: the program sums ({psums}, {collectives_in(grads, *args)})"
+    return None
+
+
+def scaled_check():
+    """vLLM 0.34's arithmetic inside shard_map: an e4m3 cache with k/v scales, rows x heads over
+    a 2 x 2 mesh, equal to each shard's one-device call (host scales, and per-device traced
+    scales varying over "data")."""
+    mc = mesh_case((2, 2), ("data", "model"), "data", "model", True, False, seed=17, kv_dtype=E4M3)
+    case = mc.case
+    q, kv, li, bt, t2r, gate = _host_args(mc)
+    in_specs, out = _attention_specs(mc)
+    host = per_shard_reference(mc.shards, True, case, mc.kv, case.q, lambda q, kv_, li, t2r, gate, _: (
+        qsa_jax.sparse_attention(q, kv_, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate,
+                                 config=mc.config, implementation="xla", k_scale=0.5, v_scale=2.0),))[0]
+    mapped = jax.jit(jax.shard_map(lambda *a: qsa_jax.sparse_attention(
+        *a, implementation="xla", k_scale=0.5, v_scale=2.0), mesh=mc.mesh, in_specs=in_specs, out_specs=out))
+    problem = _differs("host scales", mapped(q, kv, li, bt, t2r, gate), host)
+    if problem:
+        return problem
+    # Traced scales, one pair per row shard: shard i scales by (0.5, 2.0) * (i + 1).
+    scales = jnp.asarray([[0.5, 2.0], [1.0, 4.0]], jnp.float32)
+    traced = jax.jit(jax.shard_map(lambda s, *a: qsa_jax.sparse_attention(
+        *a, implementation="xla", k_scale=s[0, 0], v_scale=s[0, 1]), mesh=mc.mesh,
+        in_specs=(P("data"),) + in_specs, out_specs=out))
+    got = np.asarray(traced(scales, q, kv, li, bt, t2r, gate))
+    half = ROWS // 2
+    for i, (ks, vs) in enumerate(np.asarray(scales)):
+        want = per_shard_reference(mc.shards, True, case, mc.kv, case.q, lambda q, kv_, li, t2r, gate, _: (
+            qsa_jax.sparse_attention(q, kv_, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate,
+                                     config=mc.config, implementation="xla", k_scale=float(ks),
+                                     v_scale=float(vs)),))[0]
+        problem = _differs(f"traced scales, row shard {i}", got[i * half:(i + 1) * half], want[i * half:(i + 1) * half])
+        if problem:
+            return problem
     return None
 
 
@@ -495,6 +531,7 @@ def main(argv=None) -> int:
                 name = (f"sparse_attention/xla/{layout[0]}/{'fused' if fused else 'split'}"
                         f"/check_vma={check_vma}")
                 _run_case(results, name, lambda: attention_check(layout, fused, check_vma, seed=40 + i))
+    _run_case(results, "sparse_attention/xla/rows2xheads2/fp8-scaled", scaled_check)
     rows = mesh_case((2,), ("data",), "data", None, True, False, seed=3)
     _run_case(results, "sparse_attention/xla/out_specs-refused", lambda: refuses_replicated_out_specs(rows, "xla"))
     partly_automatic(results)
