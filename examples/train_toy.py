@@ -1,6 +1,6 @@
 """Train a toy model through ``qsa_jax.sparse_attention`` (gradients: issue 16).
 
-    python examples/train_toy.py [--steps 300] [--implementation xla|pallas] [--mesh 2x2]
+    python examples/train_toy.py [--steps 300] [--implementation xla|pallas] [--mesh 2x2 [--shard-map]]
 
 Task: sequences of random tokens; at position t predict the token at t - LAG. Each
 position selects the WINDOW most recent tokens (itself included) through
@@ -16,7 +16,10 @@ heads and the cache's KV heads (tensor parallelism) over M. Without GPUs, force 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4 python examples/train_toy.py --mesh 2x2``.
 The attention and its backward then run per shard; the cache is built whole on every device
 from the rows' keys and values (XLA gathers them), and its cotangent is summed over the row
-shards by one all-reduce inside the backward.
+shards by one all-reduce inside the backward. With ``--shard-map`` the attention runs inside
+the model's own ``jax.shard_map`` over the same mesh instead (local arrays, JAX's default
+``check_vma=True``): the same per-shard calls, the cache (replicated over "data") getting the
+row shards' cotangents summed in fp32 the same way.
 
 The loss starts at log(VOCAB) = 2.77 and falls towards 0 within a few hundred
 Adam steps (CPU: seconds).
@@ -25,6 +28,7 @@ Adam steps (CPU: seconds).
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -60,7 +64,7 @@ def selections(rng: np.random.Generator, batch: int):
     return idx, tables
 
 
-def logits(params, tokens, indices, tables, implementation, mesh=None):
+def logits(params, tokens, indices, tables, implementation, mesh=None, shard_map=False):
     """[B, SEQ, VOCAB] for B sequences: rows = B * SEQ positions, request b = sequence b."""
     batch = tokens.shape[0]
     rows, pages = batch * SEQ, SEQ // PAGE
@@ -86,27 +90,33 @@ def logits(params, tokens, indices, tables, implementation, mesh=None):
         q, gate = on(q, "data", "model"), on(gate, "data", "model")
         cache, li, token_to_req = on(cache, None, "model"), on(li, "data"), on(token_to_req, "data")
         table = on(table)
-    out = qsa_jax.sparse_attention(q, cache, li, table, token_to_req, gate, implementation=implementation)
+    attention = functools.partial(qsa_jax.sparse_attention, implementation=implementation)
+    if shard_map:  # the same layout, written as the model's own shard_map
+        rows_heads = P("data", "model")
+        attention = jax.shard_map(attention, mesh=mesh, out_specs=rows_heads, in_specs=(
+            rows_heads, P(None, "model"), P("data"), P(), P("data"), rows_heads))
+    out = attention(q, cache, li, table, token_to_req, gate)
     return (out.astype(jnp.float32).reshape(rows, HEADS * HEAD_DIM) @ params["wo"]).reshape(batch, SEQ, VOCAB)
 
 
-def loss_fn(params, tokens, indices, tables, implementation, mesh=None):
+def loss_fn(params, tokens, indices, tables, implementation, mesh=None, shard_map=False):
     targets = tokens[:, :-LAG]
-    logp = jax.nn.log_softmax(logits(params, tokens, indices, tables, implementation, mesh)[:, LAG:], axis=-1)
+    logp = jax.nn.log_softmax(logits(params, tokens, indices, tables, implementation, mesh, shard_map)[:, LAG:],
+                              axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
 def train(steps: int = 300, *, batch: int = 8, lr: float = 1e-2, seed: int = 0,
-          implementation: str | None = None, mesh=None) -> list[float]:
+          implementation: str | None = None, mesh=None, shard_map: bool = False) -> list[float]:
     """Adam on fresh batches; returns the loss of every step. ``mesh``: a Mesh with axes
-    ("data", "model"), or None (one device)."""
+    ("data", "model"), or None (one device); ``shard_map``: the attention inside a shard_map."""
     rng = np.random.default_rng(seed)
     params = init_params(jax.random.key(seed))
     moments = jax.tree.map(lambda p: (jnp.zeros_like(p), jnp.zeros_like(p)), params)
 
     @jax.jit
     def step(params, moments, count, tokens, indices, tables):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, indices, tables, implementation, mesh)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, indices, tables, implementation, mesh, shard_map)
         b1, b2 = 0.9, 0.999
 
         def update(p, g, m):
@@ -133,7 +143,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--implementation", default=None)
     ap.add_argument("--mesh", default=None, help="DxM: rows over D devices, heads over M (M <= HEADS)")
+    ap.add_argument("--shard-map", action="store_true", help="with --mesh: the attention inside a jax.shard_map")
     a = ap.parse_args()
+    if a.shard_map and not a.mesh:
+        ap.error("--shard-map needs --mesh")
     mesh = None
     if a.mesh:
         d, m = (int(x) for x in a.mesh.split("x"))
@@ -142,10 +155,11 @@ def main() -> None:
                      f"XLA_FLAGS=--xla_force_host_platform_device_count={d * m})")
         mesh = Mesh(np.array(jax.devices()[:d * m]).reshape(d, m), ("data", "model"))
     t0 = time.perf_counter()
-    losses = train(a.steps, implementation=a.implementation, mesh=mesh)
+    losses = train(a.steps, implementation=a.implementation, mesh=mesh, shard_map=a.shard_map)
     for i in range(0, a.steps, max(1, a.steps // 10)):
         print(f"step {i:4d}  loss {np.mean(losses[i:i + 10]):.3f}")
-    where = f"a {a.mesh} mesh of {jax.default_backend()} devices" if mesh else jax.default_backend()
+    where = (f"a {a.mesh} mesh of {jax.default_backend()} devices" + (" (shard_map)" if a.shard_map else "")
+             if mesh else jax.default_backend())
     print(f"final loss {np.mean(losses[-10:]):.3f} (start {losses[0]:.3f}); "
           f"{time.perf_counter() - t0:.1f} s on {where}")
 

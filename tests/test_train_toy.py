@@ -38,10 +38,13 @@ params = T.init_params(jax.random.key(5))
 # One sequence: its rows lie on both row shards and read the same pages.
 tokens = rng.integers(0, T.VOCAB, (1, T.SEQ)).astype(np.int32)
 indices, tables = T.selections(rng, 1)
-grad = lambda m: jax.jit(jax.grad(T.loss_fn), static_argnums=(4, 5))(params, tokens, indices, tables, "xla", m)
-on_mesh, one = grad(mesh), grad(None)
+grad = lambda m, s=False: jax.jit(jax.grad(T.loss_fn), static_argnums=(4, 5, 6))(
+    params, tokens, indices, tables, "xla", m, s)
+on_mesh, one, manual = grad(mesh), grad(None), grad(mesh, True)
 rel = {k: float(jnp.linalg.norm(on_mesh[k] - one[k]) / jnp.linalg.norm(one[k])) for k in one}
-print(json.dumps({"rel": rel, "mesh": T.train(40, batch=4, implementation="xla", mesh=mesh),
+# The model's own shard_map makes the same per-shard calls and the same fp32 sum of the cache's.
+same = {k: bool(np.array_equal(np.asarray(manual[k]), np.asarray(on_mesh[k]))) for k in one}
+print(json.dumps({"rel": rel, "same": same, "mesh": T.train(40, batch=4, implementation="xla", mesh=mesh),
                   "one": T.train(40, batch=4, implementation="xla")}))
 """
 
@@ -66,6 +69,7 @@ def test_toy_model_learns_on_a_mesh():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     print("relative difference of each parameter's gradient from one device:", result["rel"])
     assert all(r < 2e-2 for r in result["rel"].values()), result["rel"]
+    assert all(result["same"].values()), result["same"]  # --shard-map: the same gradients, bit for bit
     mesh, one = np.asarray(result["mesh"]), np.asarray(result["one"])
     assert np.isfinite(mesh).all()
     assert np.mean(mesh[-5:]) < 0.6 * np.mean(mesh[:3]), mesh
