@@ -17,9 +17,10 @@ cotangents. An operator's result varies over every axis one of its arguments var
 
 Outside ``shard_map``, or with ``check_vma=False``, every array varies over nothing: each
 cast returns its input unchanged, the kernels' output structs are rebuilt declaring no axes
-(which Pallas then ignores), and the compiled program is the same as without this module. Casts are ``jax.lax.pcast(..., to="varying")``, a no-op on the data. Public
-JAX API only (``jax.typeof``, ``jax.lax.pcast``, ``jax.sharding.ManualAxisType``);
-tests/test_shard_map.py runs the operators inside ``shard_map`` with the check on.
+(which Pallas then ignores), and the compiled program is the same as without this module.
+Casts are ``jax.lax.pcast(..., to="varying")``, a no-op on the data. Public JAX API only
+(``jax.typeof``, ``jax.lax.pcast``, ``jax.sharding.ManualAxisType``); tests/test_shard_map.py
+runs the operators inside ``shard_map`` with the check on.
 """
 
 from __future__ import annotations
