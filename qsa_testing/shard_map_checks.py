@@ -181,7 +181,8 @@ def scaled_check():
             qsa_jax.sparse_attention(q, kv_, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate,
                                      config=mc.config, implementation="xla", k_scale=float(ks),
                                      v_scale=float(vs)),))[0]
-        problem = _differs(f"traced scales, row shard {i}", got[i * half:(i + 1) * half], want[i * half:(i + 1) * half])
+        shard = slice(i * half, (i + 1) * half)
+        problem = _differs(f"traced scales, row shard {i}", got[shard], want[shard])
         if problem:
             return problem
     return None
@@ -432,7 +433,8 @@ def pallas_checks(results):
             cache, slots[0], rows[0], implementation="pallas"), mesh=mesh,
             in_specs=(P(), P("data"), P("data")), out_specs=P("data"))
         c_args = tuple(jnp.asarray(c.arrays()[k]) for k in COMPRESS_ORDER)
-        s_args = (jnp.asarray(s.cache), jnp.asarray(np.stack([s.slot_mapping] * 2)), jnp.asarray(np.stack([s.rows] * 2)))
+        s_args = (jnp.asarray(s.cache), jnp.asarray(np.stack([s.slot_mapping] * 2)),
+                  jnp.asarray(np.stack([s.rows] * 2)))
         missing = [name for name, text in (("qsa_compress_groups", _export_cuda(compress, *c_args)),
                                            ("qsa_store_cache_rows", _export_cuda(store, *s_args)))
                    if name not in text]
@@ -510,7 +512,8 @@ def triton_checks(results):
         store = jax.shard_map(lambda cache, slots, rows: qsa_jax.store_cache_rows(
             cache, slots[0], rows[0], implementation="triton"), mesh=mesh,
             in_specs=(P(), P("data"), P("data")), out_specs=P())
-        args = (jnp.asarray(s.cache), jnp.asarray(np.stack([s.slot_mapping] * 2)), jnp.asarray(np.stack([s.rows] * 2)))
+        args = (jnp.asarray(s.cache), jnp.asarray(np.stack([s.slot_mapping] * 2)),
+                jnp.asarray(np.stack([s.rows] * 2)))
         try:
             jax.jit(store).trace(*args)
         except ValueError:

@@ -34,14 +34,16 @@ def test_every_case_passes(results):
     "sparse_attention/xla/out_specs-refused", "sparse_attention/xla/empty-batch-typed",
     "compress/xla/empty-batch-typed", "store/xla/empty-batch-typed",
     "per-device/sparse_attention/xla", "per-device/compress/xla", "per-device/store/xla",
-    "per-device/sparse_attention/xla/shared-queries-vjp", "per-device/compress/xla/shared-state-cache", "per-device/store/xla/shared-cache",
+    "per-device/sparse_attention/xla/shared-queries-vjp", "per-device/compress/xla/shared-state-cache",
+    "per-device/store/xla/shared-cache",
     "second-order/xla/rows",
     "sparse_attention/xla/partly-automatic/heads-over-nothing/rows-split/check_vma=True",
     *(f"sparse_attention/xla/partly-automatic/heads-over-model/{run}" for run in
       ("rows-split/check_vma=True", "rows-split/check_vma=False", "rows-whole/check_vma=True")),
     "pallas/interpreter-refused", "pallas/jax-interpreter-limitation-still-present",
     "pallas/cuda-lowering/sparse_attention-rows2xheads2", "pallas/cuda-lowering/out_specs-refused",
-    "pallas/cuda-lowering/indexer-operators", "pallas/cuda-lowering/aliased-input-typed",
+    "pallas/cuda-lowering/indexer-operators",
+    "pallas/cuda-lowering/aliased-input-typed",
 ])
 def test_case_ran(results, name):
     assert name in results, f"{name} did not run"
@@ -56,10 +58,11 @@ def test_jax_triton_outputs_typed(results):
 
 
 @pytest.mark.gpu
-def test_pallas_inside_shard_map_gpu():
-    """On the GPU the Pallas kernels run inside shard_map with the check on: the forward and
-    the vjp on a one-device mesh equal the plain calls (bit for bit but dq, whose splits add
-    atomically)."""
+@pytest.mark.parametrize("implementation", ["pallas", "triton"])
+def test_kernels_inside_shard_map_gpu(implementation):
+    """On the GPU the kernels run inside shard_map with the check on (jax-triton's outputs typed
+    by the operator): the forward and the vjp on a one-device mesh equal the plain calls (bit
+    for bit but dq, whose splits add atomically)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -76,7 +79,7 @@ def test_pallas_inside_shard_map_gpu():
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
     def call(q, kv, g, li, bt, t2r):
-        return qsa_jax.sparse_attention(q, kv, li, bt, t2r, g, implementation="pallas")
+        return qsa_jax.sparse_attention(q, kv, li, bt, t2r, g, implementation=implementation)
 
     mapped = jax.shard_map(call, mesh=mesh, in_specs=(P("data"), P(), P("data"), P("data"), P(), P("data")),
                            out_specs=P("data"))
