@@ -19,14 +19,16 @@ Checked here, for every implementation that can run or lower on this machine:
 - Pallas lowered for CUDA (forward, gradient, indexer operators) with the check on; its CPU
   interpreter refused with a clear error, and the JAX limitation behind that refusal
   still present (a canary that fails once a JAX upgrade lifts it);
-- vLLM 0.34's fp8 arithmetic with host and per-device traced k/v scales; partly automatic
-  ``shard_map``s (XLA gathers what is split over the automatic axis);
+- vLLM 0.34's fp8 arithmetic with host and per-device traced k/v scales; ``shard_map``s
+  manual over some axes only (Auto mesh: XLA gathers what is split over the automatic axis;
+  Explicit mesh: per shard, its gradient with a replicated cache refused);
 - second derivatives, and ``check_vma=False`` (the forward bit for bit; there JAX sums a
   replicated cache's cotangent itself, in bf16).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import traceback
@@ -233,6 +235,58 @@ def partly_automatic(results):
                            f"/rows-{'split' if rows else 'whole'}/check_vma={check_vma}", check)
 
 
+def explicit_partly_manual(results):
+    """An Explicit (data, model) mesh, shard_map manual over "data" only, heads split over the
+    Explicit "model" axis: the operator runs per "model" shard in a shard_map of its own (no
+    collective), equal to each shard's one-device call, with the check on or off; a gradient
+    with the check on, whose cache is replicated over "data", is refused with a clear error
+    (the inner shard_map cannot sum over the caller's axis)."""
+    mc = mesh_case((2, 2), ("data", "model"), "data", "model", True, True, seed=18)
+    case, mesh = mc.case, mc.mesh
+    want = per_shard_reference(mc.shards, True, case, mc.kv, case.q, lambda q, kv, li, t2r, gate, _: (
+        qsa_jax.sparse_attention(q, kv, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate,
+                                 config=mc.config, implementation="xla"),))[0]
+    args = (mc.rows_heads(case.q), mc.kv_on_mesh(), mc.rows(case.logical_indices),
+            jax.device_put(jnp.asarray(case.block_table), NamedSharding(mesh, P())), mc.rows(case.token_to_req),
+            mc.rows_heads(case.output_gate))
+    specs = (P("data"), P(), P("data"), P(), P("data"), P("data"))
+
+    def mapped(check_vma, out_specs=P("data")):
+        return jax.shard_map(lambda *a: qsa_jax.sparse_attention(*a, implementation="xla"), mesh=mesh,
+                             in_specs=specs, out_specs=out_specs, axis_names={"data"}, check_vma=check_vma)
+
+    for check_vma in (True, False):
+        def forward(check_vma=check_vma):
+            with jax.set_mesh(mesh):
+                f = jax.jit(mapped(check_vma))
+                problem = _differs("output", f(*args), want)
+                found = collectives_in(f, *args)
+            return problem or (f"collectives {found}" if found else None)
+
+        _run_case(results, f"sparse_attention/xla/explicit-partly-manual/check_vma={check_vma}", forward)
+
+    def typed():  # the inner shard_map's results carry the caller's axis: P() is refused
+        with jax.set_mesh(mesh):
+            try:
+                jax.jit(mapped(True, out_specs=P())).trace(*args)
+            except ValueError as exc:
+                return None if "out_specs" in str(exc) else f"unexpected error: {exc}"
+        return "out_specs=P() accepted for an output that varies over 'data'"
+
+    _run_case(results, "sparse_attention/xla/explicit-partly-manual/out_specs-refused", typed)
+
+    def vjp_refused():
+        with jax.set_mesh(mesh):
+            try:
+                jax.jit(lambda q, kv, g: jax.vjp(lambda q, kv, g: mapped(True)(q, kv, *args[2:5], g), q, kv, g)[1](
+                    q))(args[0], args[1], args[5])
+            except NotImplementedError as exc:
+                return None if "Explicit" in str(exc) and "Auto mesh" in str(exc) else str(exc)
+        return "the gradient ran: check that its cache cotangent is summed over 'data', then drop the refusal"
+
+    _run_case(results, "sparse_attention/xla/explicit-partly-manual/vjp-refused", vjp_refused)
+
+
 def empty_batch_typed(results):
     """No rows: an implementation returns fresh zeros (or the cache as it came), which vary
     over nothing -- the result must still be typed as varying over the rows' axis (as
@@ -355,17 +409,28 @@ def per_device_problems(results):
 
 
 def second_order(results):
-    """A Hessian-vector product in q through the shard_map (xla): check_vma on and off agree."""
+    """A Hessian-vector product in q through the shard_map (xla, rows over 2 devices, check on):
+    each row shard's equals the one-device HVP of that shard's own loss (second derivatives
+    are not bit-reproducible across programs: compared to 1e-4), and is not zero."""
     mc = mesh_case((2,), ("data",), "data", None, True, False, seed=5)
     q, kv, li, bt, t2r, gate = _host_args(mc)
     v = jnp.asarray(np.random.default_rng(6).standard_normal(q.shape), q.dtype)
 
-    def hvp(check_vma):
-        mapped = _mapped_attention(mc, "xla", check_vma)
-        loss = lambda q: jnp.sum(mapped(q, kv, li, bt, t2r, gate).astype(jnp.float32) ** 2)  # noqa: E731
+    def hvp(attention, q, v, *rest):
+        loss = lambda q: jnp.sum(attention(q, kv, rest[0], bt, rest[1], rest[2]).astype(jnp.float32) ** 2)  # noqa: E731
         return jax.jit(lambda q, v: jax.jvp(jax.grad(loss), (q,), (v,))[1])(q, v)
 
-    _run_case(results, "second-order/xla/rows", lambda: _differs("hvp", hvp(True), hvp(False)))
+    def check():
+        got = np.asarray(hvp(_mapped_attention(mc, "xla", True), q, v, li, t2r, gate), np.float32)
+        one = functools.partial(qsa_jax.sparse_attention, config=mc.config, implementation="xla")
+        want = np.concatenate([np.asarray(hvp(one, q[r], v[r], li[r], t2r[r], gate[r]), np.float32)
+                               for r, _, _ in mc.shards])
+        if not np.abs(want).max() > 0:
+            return "the one-device HVP is zero: the check cannot tell"
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        return None if err < 1e-4 else f"HVP differs from the shards' one-device ones by {err:.3g} (relative)"
+
+    _run_case(results, "second-order/xla/rows", check)
 
 
 # --- Pallas and jax-triton: lowered or traced, not run ---------------------------------
@@ -538,6 +603,7 @@ def main(argv=None) -> int:
     rows = mesh_case((2,), ("data",), "data", None, True, False, seed=3)
     _run_case(results, "sparse_attention/xla/out_specs-refused", lambda: refuses_replicated_out_specs(rows, "xla"))
     partly_automatic(results)
+    explicit_partly_manual(results)
     empty_batch_typed(results)
     per_device_problems(results)
     second_order(results)

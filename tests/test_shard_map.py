@@ -40,6 +40,8 @@ def test_every_case_passes(results):
     "sparse_attention/xla/partly-automatic/heads-over-nothing/rows-split/check_vma=True",
     *(f"sparse_attention/xla/partly-automatic/heads-over-model/{run}" for run in
       ("rows-split/check_vma=True", "rows-split/check_vma=False", "rows-whole/check_vma=True")),
+    *(f"sparse_attention/xla/explicit-partly-manual/{run}" for run in
+      ("check_vma=True", "check_vma=False", "out_specs-refused", "vjp-refused")),
     "pallas/interpreter-refused", "pallas/jax-interpreter-limitation-still-present",
     "pallas/cuda-lowering/sparse_attention-rows2xheads2", "pallas/cuda-lowering/out_specs-refused",
     "pallas/cuda-lowering/indexer-operators",

@@ -222,14 +222,14 @@ def _differentiable(layout, local, static, *arrays):
 def run(layout: Layout, local: Callable, static, *arrays):
     """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
     or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
-    if jax.sharding.get_abstract_mesh().manual_axes:
-        # Inside a caller's shard_map: the arrays are local (XLA partitions any axis left
+    leaves = jax.tree.leaves(arrays)
+    mesh = _explicit_mesh(leaves)
+    if mesh is None and jax.sharding.get_abstract_mesh().manual_axes:
+        # Inside a caller's shard_map: the arrays are local (XLA partitions any Auto axis left
         # automatic), and the partitioning wrappers below would drop their manual-axes types
         # (check_vma=True); JAX differentiates and batches ``local`` itself, which types its
         # results (_vma).
         return local(static, {}, *arrays)
-    leaves = jax.tree.leaves(arrays)
-    mesh = _explicit_mesh(leaves)
     if mesh is None:
         return _differentiable(layout, local, static, *arrays)
     # Explicit-sharding mode: every value's type names its sharding at trace
@@ -244,8 +244,11 @@ def run(layout: Layout, local: Callable, static, *arrays):
 
     in_specs = jax.tree.unflatten(jax.tree.structure(arrays), [spec(r) for _, r in layout.args])
     outs = tuple(spec(roles) for roles in layout.out)
-    return jax.shard_map(functools.partial(local, static, axes), mesh=mesh, in_specs=in_specs,
-                         out_specs=outs if len(outs) > 1 else outs[0], check_vma=False)(*arrays)
+    result = jax.shard_map(functools.partial(local, static, axes), mesh=mesh, in_specs=in_specs,
+                           out_specs=outs if len(outs) > 1 else outs[0], check_vma=False)(*arrays)
+    # Inside a caller's shard_map (check_vma=True) over some axes of this Explicit mesh, the
+    # results vary over the caller's axes as the arguments do (_vma).
+    return _vma.like(result, arrays)
 
 
 def maybe_on_mesh(first) -> bool:
@@ -384,9 +387,19 @@ def attention_step(step: str, fn, fn_args: tuple, problem, q, kv_arrays, logical
     trace to the next. ``"backward"``: ``fn`` returns (d_q, d_kv_arrays, d_gate) and takes
     ``kv_dtype=``; the result is flat, ``(d_q, *d_kv_arrays, d_gate)`` (partitioning maps one
     sharding to each result), the cache cotangents summed over row shards."""
+    arrays = (q, tuple(kv_arrays), logical_indices, block_table, token_to_req, output_gate, *extra)
+    if step == "backward" and _explicit_mesh(jax.tree.leaves(arrays)) is not None:
+        union = _vma.varying(arrays)
+        if any(_vma.missing(x, union) for x in (q, *kv_arrays, output_gate)):
+            # The per-shard backward below runs in a shard_map of its own, which cannot see
+            # the caller's manual axes to sum over them (and JAX would refuse the cotangents'
+            # types).
+            raise NotImplementedError(
+                "sparse_attention: no gradient inside a jax.shard_map with check_vma=True that leaves "
+                "Explicit mesh axes to the operator, for an argument replicated over the shard_map's "
+                f"manual axes {sorted(union)}: use an Auto mesh, or a shard_map manual over every axis")
     return run(_attention_layout_of(problem, q, output_gate, step), _attention_local,
-               (fn, fn_args, problem, step), q, tuple(kv_arrays), logical_indices, block_table,
-               token_to_req, output_gate, *extra)
+               (fn, fn_args, problem, step), *arrays)
 
 
 def check_sparse_attention(problem, q, kv_arrays, logical_indices, block_table, token_to_req,
