@@ -547,6 +547,38 @@ def bad_layout_checks(results):
             results.append({"name": name, "problem": problem})
 
 
+def set_mesh_check(results):
+    """Under ``jax.set_mesh`` of an Explicit (or Auto) mesh, arguments on no mesh run whole, as on
+    one device: forward (eager and jit), vjp and the store, bit for bit (under an Explicit
+    context custom_partitioning does not lower: the local call runs directly)."""
+    case = attention_case(19)
+    args = tuple(jnp.asarray(x) for x in (case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                          case.token_to_req, case.output_gate))
+    d_out = jnp.asarray(np.random.default_rng(19).standard_normal(case.q.shape), jnp.bfloat16)
+    sc = store_case(np.random.default_rng(20), n=12, pages=8, page_size=4, width=24)
+    vjp = vjp_call("xla")
+
+    def everything():
+        return (qsa_jax.sparse_attention(*args, implementation="xla"),
+                jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation="xla"))(*args),
+                jax.jit(vjp)(*args, d_out),
+                qsa_jax.store_cache_rows(sc.cache, sc.slot_mapping, sc.rows, implementation="xla"))
+
+    want = everything()
+    for explicit in (True, False):
+        name = f"set_mesh/{'explicit' if explicit else 'auto'}/arguments-on-no-mesh"
+        try:
+            with jax.set_mesh(make_mesh((2, 2), ("data", "model"), explicit)):
+                got = everything()
+            problem = None
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                if not np.array_equal(bits(g), bits(w)):
+                    problem = "differs from the calls without a mesh context"
+            results.append({"name": name, "problem": problem})
+        except Exception:  # noqa: BLE001
+            results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+
 def control_check(results):
     """The collective search itself: a program that must all-reduce is caught."""
     mesh = make_mesh((8,), ("data",))
@@ -563,6 +595,7 @@ def main(argv=None) -> int:
         return 1
     results: list[dict] = []
     control_check(results)
+    set_mesh_check(results)
     strided_query_check(results)
     for n in (2, 4, 8):
         attention_checks(n, "xla", results)

@@ -53,6 +53,11 @@ def test_gradient_and_scaled_cases_ran(results, implementation, suffix):
         assert any("/heads/" in n for n in names) and any("rows" in n for n in names), names
 
 
+def test_set_mesh_cases_ran(results):
+    names = {r["name"] for r in results}
+    assert {"set_mesh/explicit/arguments-on-no-mesh", "set_mesh/auto/arguments-on-no-mesh"} <= names
+
+
 def test_mesh_gradient_edge_layouts_ran(results):
     """Rows over two mesh axes with a flat gate (Auto and Explicit: the fp32 psum in the traced
     program), Pallas with split caches, a StridedQuery's vjp (its check runs the vjp too)."""

@@ -224,11 +224,13 @@ def run(layout: Layout, local: Callable, static, *arrays):
     or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
     leaves = jax.tree.leaves(arrays)
     mesh = _explicit_mesh(leaves)
-    if mesh is None and jax.sharding.get_abstract_mesh().manual_axes:
+    context = jax.sharding.get_abstract_mesh()
+    if mesh is None and (context.manual_axes or jax.sharding.AxisType.Explicit in context.axis_types):
         # Inside a caller's shard_map: the arrays are local (XLA partitions any Auto axis left
         # automatic), and the partitioning wrappers below would drop their manual-axes types
         # (check_vma=True); JAX differentiates and batches ``local`` itself, which types its
-        # results (_vma).
+        # results (_vma). Under an Explicit mesh context (jax.set_mesh) with no argument typed
+        # on it, everything is whole: custom_partitioning would not lower there.
         return local(static, {}, *arrays)
     if mesh is None:
         return _differentiable(layout, local, static, *arrays)
