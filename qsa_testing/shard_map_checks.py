@@ -37,14 +37,15 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import qsa_jax
 from qsa_testing.cases import E4M3, compress_case, store_case
 from qsa_testing.gradients import BF16_BAR
-from qsa_testing.sharding_checks import (ROWS, attention_case, attention_layouts, bits, collectives_in, mesh_case,
-                                         per_shard_reference, shard_vjp, _kv_error_over_floor,
-                                         _psum_dtypes)
+from qsa_testing.sharding_checks import (ROWS, _kv_error_over_floor, _psum_dtypes, attention_case,
+                                         attention_layouts, bits, collectives_in, make_mesh, mesh_case,
+                                         per_shard_reference, shard_vjp)
+from qsa_testing.sharding_checks import put as sharding_put
 
 COMPRESS_ORDER = ("raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
                   "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")
@@ -210,9 +211,7 @@ def partly_automatic(results):
     want = per_shard_reference(mc.shards, True, case, mc.kv, case.q, lambda q, kv, li, t2r, gate, _: (
         qsa_jax.sparse_attention(q, kv, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate,
                                  config=mc.config, implementation="xla"),))[0]
-    def put(x, *spec):
-        return jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(*spec)))
-
+    put = functools.partial(sharding_put, mesh)
     runs = [(None, "data", True, []), ("model", "data", True, ["all-gather"]),
             ("model", "data", False, ["all-gather"]), ("model", None, True, ["all-gather"])]
     for heads, rows, check_vma, expected in runs:
@@ -247,7 +246,7 @@ def explicit_partly_manual(results):
         qsa_jax.sparse_attention(q, kv, jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), gate,
                                  config=mc.config, implementation="xla"),))[0]
     args = (mc.rows_heads(case.q), mc.kv_on_mesh(), mc.rows(case.logical_indices),
-            jax.device_put(jnp.asarray(case.block_table), NamedSharding(mesh, P())), mc.rows(case.token_to_req),
+            sharding_put(mesh, case.block_table), mc.rows(case.token_to_req),
             mc.rows_heads(case.output_gate))
     specs = (P("data"), P(), P("data"), P(), P("data"), P("data"))
 
@@ -291,7 +290,7 @@ def empty_batch_typed(results):
     """No rows: an implementation returns fresh zeros (or the cache as it came), which vary
     over nothing -- the result must still be typed as varying over the rows' axis (as
     jax-triton's untyped outputs must: it cannot import on CPU), so out_specs=P() is refused."""
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    mesh = make_mesh((2,), ("data",))
     z = lambda x: jnp.zeros((0,) + np.shape(x)[1:], np.asarray(x).dtype)  # noqa: E731
     case = attention_case(13)
     compress = compress_case(np.random.default_rng(14), chunk_lens=[3]).arrays()
@@ -324,14 +323,14 @@ def empty_batch_typed(results):
 def per_device_problems(results):
     """Data-parallel serving: each device holds its own batch, cache and block table; every
     operator inside shard_map (check_vma on) equals one-device calls on each device's arrays."""
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    mesh = make_mesh((2,), ("data",))
 
     def mapped(fn, stacked, n_out):
         spec = P("data")
         body = lambda *xs: jax.tree.map(lambda x: x[None], fn(*(x[0] for x in xs)))  # noqa: E731
         out = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * len(stacked),
                             out_specs=(spec,) * n_out if n_out > 1 else spec)
-        return jax.jit(out)(*(jax.device_put(jnp.asarray(x), NamedSharding(mesh, spec)) for x in stacked))
+        return jax.jit(out)(*(sharding_put(mesh, x, "data") for x in stacked))
 
     def check(fn, per_device, n_out):
         stacked = [np.stack(xs) for xs in zip(*per_device)]
@@ -362,7 +361,7 @@ def per_device_problems(results):
         selection: their cotangents are the sums of the devices' own (bf16 each), summed in
         fp32 and rounded once (a bf16 psum of 4 rounds more often: 4 devices tell them apart)."""
         four = [attention_case(75 + i) for i in range(4)]
-        mesh4 = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+        mesh4 = make_mesh((4,), ("data",))
         d_out = np.random.default_rng(75).standard_normal(four[0].q.shape).astype(four[0].q.dtype)
         q, gate, d = (jnp.asarray(x) for x in (four[0].q, four[0].output_gate, d_out))
         spec = P("data")
@@ -490,7 +489,7 @@ def pallas_checks(results):
     def indexer_lowered():
         c = compress_case(np.random.default_rng(3), chunk_lens=[4, 6], edge=True)
         s = store_case(np.random.default_rng(4), n=12, pages=8, page_size=4, width=24)
-        mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+        mesh = make_mesh((2,), ("data",))
         compress = jax.shard_map(lambda *a: qsa_jax.compress_groups_with_ratio(
             *a, c.compress_ratio, implementation="pallas"), mesh=mesh, in_specs=P(), out_specs=(P(), P()))
         # A replicated cache with per-device rows: each device's copy gets its own rows.
@@ -514,7 +513,7 @@ def aliased_input_typed() -> str | None:
     its inputs (e.g. zeros made for an in-place accumulator) so the output still varies."""
     from qsa_jax.ops import _vma
 
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    mesh = make_mesh((2,), ("data",))
     found = []
 
     def kernel(x_ref, acc_ref, o_ref):
@@ -535,7 +534,7 @@ def jax_interpreter_canary() -> str | None:
     shard_map with check_vma=True (jax 0.11). When this passes, lift the refusal."""
     from jax.experimental import pallas as pl
 
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    mesh = make_mesh((2,), ("data",))
 
     def kernel(x_ref, o_ref):
         o_ref[pl.program_id(0), :] = x_ref[pl.program_id(0), :] * 2
