@@ -480,6 +480,153 @@ def store_checks(n, implementation, results):
             results.append({"name": name, "problem": traceback.format_exc(limit=4)})
 
 
+# --- jax.vmap on a mesh ----------------------------------------------------
+
+def _batch_bits_equal(got, want) -> bool:
+    """``got``: batched results; ``want``: per-example results (lists of the same trees)."""
+    got = [np.asarray(x) for x in jax.tree.leaves(got)]
+    return all(np.array_equal(bits(g[i]), bits(w)) for i, one in enumerate(want)
+               for g, w in zip(got, jax.tree.leaves(one)))
+
+
+def vmap_checks(implementation, results):
+    """``jax.vmap`` over a leading batch on a mesh runs per shard: forward and ``vmap`` of the
+    vjp against one-device calls, the compiled program free of collectives (but the row-split
+    backward's one all-reduce), the batch itself split or not, nested vmaps, Auto and
+    Explicit meshes; store and compress batched likewise."""
+    case = attention_case(21)
+    li, bt, t2r = (jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
+    batch = 4
+    rng = np.random.default_rng(21)
+    scaled = [rng.uniform(0.5, 2.0, 2) for _ in range(batch)]
+    qs = jnp.asarray(np.stack([case.q * s[0] for s in scaled]), jnp.bfloat16)
+    kvs = jnp.asarray(np.stack([case.kv_cache * s[1] for s in scaled]), jnp.bfloat16)
+    gates = jnp.asarray(np.stack([np.roll(case.output_gate, i, axis=0) for i in range(batch)]), jnp.bfloat16)
+    d_outs = jnp.asarray(rng.standard_normal(qs.shape), jnp.bfloat16)
+
+    def attend(q, kv, gate, d_out):
+        del d_out
+        return qsa_jax.sparse_attention(q, kv, li, bt, t2r, gate, implementation=implementation)
+
+    def vjp(q, kv, gate, d_out):
+        return jax.vjp(lambda *x: attend(*x, None), q, kv, gate)[1](d_out)
+
+    # (name, mesh shape, axis names, q's and gate's spec, the cache's spec, explicit)
+    layouts = [
+        ("heads", (2,), ("model",), (None, None, "model"), (None, None, "model"), False),
+        ("batch2xheads2", (2, 2), ("data", "model"), ("data", None, "model"), ("data", None, "model"), False),
+        ("batch2xheads2/explicit", (2, 2), ("data", "model"), ("data", None, "model"), ("data", None, "model"),
+         True),
+        ("batch4/explicit", (4,), ("data",), ("data",), ("data",), True),
+        # rows split, the batch whole: the backward sums the cache cotangent over the row shards
+        ("rows2xheads2", (2, 2), ("data", "model"), (None, "data", "model"), (None, None, "model"), False),
+    ]
+    for lname, shape, names, q_spec, kv_spec, explicit in layouts:
+        name = f"vmap/{implementation}/{lname}"
+        try:
+            mesh = make_mesh(shape, names, explicit)
+            rows_split = q_spec[1:2] not in ((), (None,))
+            args = (put(mesh, qs, *q_spec), put(mesh, kvs, *kv_spec), put(mesh, gates, *q_spec),
+                    put(mesh, d_outs, *q_spec))
+            problems = []
+            for what, fn in (("forward", attend), ("vmap(vjp)", vjp)):
+                jitted = jax.jit(jax.vmap(fn))
+                got = jitted(*args)
+                per_example = [fn(*(x[i] for x in (qs, kvs, gates, d_outs))) for i in range(batch)]
+                whole = jax.jit(jax.vmap(fn))(qs, kvs, gates, d_outs)  # the same vmap on one device
+                whole = [jax.tree.map(lambda x, i=i: np.asarray(x)[i], whole) for i in range(batch)]
+                if what == "forward":
+                    if not _batch_bits_equal(got, per_example):
+                        problems.append("forward: not bit-identical to the per-example one-device calls")
+                    if not explicit and not _batch_bits_equal(jax.vmap(fn)(*args), per_example):
+                        problems.append("eager forward: not bit-identical")
+                else:
+                    # dq and dgate bit for bit. XLA on CPU may round a cache cotangent 1 ulp apart
+                    # between programs of different shapes: per device it must equal the
+                    # per-example calls' or the one-device vmap's. With rows split it is the row
+                    # shards' fp32 sum: as accurate as the one-device vmap's (against float64).
+                    if not _batch_bits_equal((got[0], got[2]), [(w[0], w[2]) for w in per_example]):
+                        problems.append("vmap(vjp): dq or dgate not bit-identical to the per-example calls")
+                    if rows_split:
+                        ratios = [[_kv_error_over_floor(
+                            dataclasses.replace(case, q=np.asarray(qs[i]), output_gate=np.asarray(gates[i])),
+                            kvs[i], select_config(ROWS, KV_HEADS, False, 2051), np.asarray(d_outs[i]),
+                            dkv) for dkv in (np.asarray(got[1])[i], whole[i][1])] for i in range(batch)]
+                        worse = [(round(m, 3), round(o, 3)) for m, o in ratios if not m <= 1.02 * o]
+                        if worse:
+                            problems.append(f"dkv error over the bf16 floor (mesh, one device): {worse}")
+                    elif not (_batch_bits_equal(got[1], [w[1] for w in per_example])
+                              or _batch_bits_equal(got[1], [w[1] for w in whole])):
+                        problems.append("vmap(vjp): dkv equals neither the per-example calls' nor the "
+                                        "one-device vmap's")
+                allowed = ("all-reduce",) if rows_split and what != "forward" else ()
+                found = collectives_in(jitted, *args)
+                if set(found) - set(allowed):
+                    problems.append(f"{what}: compiled program holds {found}")
+                if allowed and not found:
+                    problems.append(f"{what}: rows split, but no all-reduce sums the cache cotangent")
+            results.append({"name": name, "problem": "; ".join(problems) or None})
+        except Exception:  # noqa: BLE001
+            results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+    name = f"vmap/{implementation}/nested-2x2/heads"  # vmap of vmap: two batch roles
+    try:
+        mesh = make_mesh((2,), ("model",))
+        q22, g22 = qs.reshape(2, 2, *qs.shape[1:]), gates.reshape(2, 2, *gates.shape[1:])
+        args = (put(mesh, q22, None, None, None, "model"), put(mesh, kvs[0], None, "model"),
+                put(mesh, g22, None, None, None, "model"))
+        jitted = jax.jit(jax.vmap(jax.vmap(attend, in_axes=(0, None, 0, None)), in_axes=(0, None, 0, None)))
+        args += (None,)
+        got = np.asarray(jitted(*args))
+        want = [attend(q22[i, j], kvs[0], g22[i, j], None) for i in range(2) for j in range(2)]
+        problem = None if _batch_bits_equal(got.reshape(4, *got.shape[2:]), want) else "not bit-identical"
+        found = collectives_in(jitted, *args)
+        results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
+    except Exception:  # noqa: BLE001
+        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+    name = f"vmap/{implementation}/store/pages-split"  # a batch of caches, pages split
+    try:
+        sc = store_case(np.random.default_rng(22), n=24, pages=16, page_size=4, width=24)
+        caches = jnp.stack([jnp.asarray(sc.cache), -jnp.asarray(sc.cache)])
+        mesh = make_mesh((4,), ("pages",))
+
+        def store(cache):
+            return qsa_jax.store_cache_rows(cache, sc.slot_mapping, sc.rows, implementation=implementation)
+
+        jitted = jax.jit(jax.vmap(store))
+        args = (put(mesh, caches, None, "pages"),)
+        problem = None if _batch_bits_equal(jitted(*args), [store(c) for c in caches]) else "not bit-identical"
+        found = collectives_in(jitted, *args)
+        results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
+    except Exception:  # noqa: BLE001
+        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+    name = f"vmap/{implementation}/compress/rows-split"  # a batch of raw keys, rows split (the halo)
+    try:
+        cc = compress_case(np.random.default_rng(23), chunk_lens=[5, 7, 3, 9], edge=True)
+        a = cc.arrays()
+        order = ("raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
+                 "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")
+        keys = jnp.stack([jnp.asarray(a["raw_keys"]), jnp.asarray(a["raw_keys"])[::-1]])
+        mesh = make_mesh((2,), ("data",))
+        per_row = {"token_to_req", "logical_positions", "compressed_slots"}
+        rest = [put(mesh, a[k], "data" if k in per_row else None) for k in order[1:]]
+
+        def compress(raw_keys, *others):
+            return qsa_jax.compress_groups_with_ratio(raw_keys, *others, cc.compress_ratio, a["rope_cache"],
+                                                      implementation=implementation)
+
+        jitted = jax.jit(jax.vmap(compress, in_axes=(0,) + (None,) * len(rest)))
+        args = (put(mesh, keys),) + tuple(rest)
+        want = [compress(k, *(a[o] for o in order[1:])) for k in keys]
+        problem = None if _batch_bits_equal(jitted(*args), want) else "not bit-identical"
+        found = collectives_in(jitted, *args)
+        results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
+    except Exception:  # noqa: BLE001
+        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+
 # --- layouts that must be refused -----------------------------------------
 
 def bad_layout_checks(results):
@@ -607,6 +754,7 @@ def main(argv=None) -> int:
     # Rows over two mesh axes, the gate as [R, H * D], an Explicit mesh with rows split.
     gradient_checks(8, "xla", results, [ROWS_OVER_TWO_AXES], explicit_too=True)
     scaled_checks(4, "xla", results, attention_layouts(4), explicit_too=True)
+    vmap_checks("xla", results)
     if "--pallas" in argv:  # the interpreter is slow: one layout of each kind
         attention_checks(8, "pallas", results, explicit_too=False,
                          layouts=[x for x in attention_layouts(8) if x[0] == "rows4xheads2"])

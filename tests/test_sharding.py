@@ -36,6 +36,8 @@ def test_every_case_passes(results):
     *(f"compress/xla/{n}dev/" for n in (2, 4, 8)),
     *(f"store/xla/{n}dev/" for n in (2, 4, 8)),
     "sparse_attention/pallas/", "compress/pallas/", "store/pallas/", "bad/",
+    *(f"vmap/xla/{x}" for x in ("heads", "batch2xheads2", "batch2xheads2/explicit", "batch4/explicit",
+                                "rows2xheads2", "nested-2x2/heads", "store/pages-split", "compress/rows-split")),
 ])
 def test_layouts_covered(results, prefix):
     assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"
@@ -135,8 +137,9 @@ def test_a_shard_takes_the_tiling_of_its_own_shape():
 
 
 def test_vmap_of_the_forward_still_batches():
-    """custom_partitioning has no batching rule: a vmapped call must run the implementation
-    batched, equal to the calls one by one (sparse_attention over q/gate, store over caches)."""
+    """custom_partitioning has no batching rule (ours, _sharding._batchable, adds one): a
+    vmapped call on one device must run the implementation batched, equal to the calls one by
+    one (sparse_attention over q/gate, store over caches). On a mesh: sharding_checks.vmap_checks."""
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -174,70 +174,35 @@ _call = custom_partitioning(_whole, static_argnums=(0, 1, 2))
 _call.def_partition(_partition, sharding_rule=lambda layout, *_: _rule(layout))
 
 
-def _batchable(layout, local, static, *arrays):
-    """``_call`` that ``jax.vmap`` can batch: custom_partitioning has no batching rule, so a
-    batched call runs the implementation whole, batched by vmap (as without a mesh)."""
+@dataclasses.dataclass(frozen=True)
+class _Vmapped:
+    """``local`` batched by ``jax.vmap`` over ``in_axes`` (0 or None per array): the per-shard
+    function of a batched call. Hashable, and equal from one trace to the next, as
+    custom_partitioning's static arguments must be."""
 
-    @jax.custom_batching.custom_vmap
-    def call(*xs):
-        return _call(layout, local, static, *xs)
+    local: Callable
+    in_axes: tuple
 
-    @call.def_vmap
-    def _batched(axis_size, in_batched, *xs):
-        del axis_size
-        in_axes = tuple(jax.tree.map(lambda b: 0 if b else None, tuple(in_batched)))
-        out = jax.vmap(lambda *a: local(static, {}, *a), in_axes=in_axes)(*xs)
-        return out, jax.tree.map(lambda _: True, out)
-
-    return call(*arrays)
+    def __call__(self, static, axes, *arrays):
+        return jax.vmap(lambda *a: self.local(static, axes, *a), in_axes=self.in_axes)(*arrays)
 
 
-def _explicit_mesh(leaves):
-    """The mesh of the arguments' types when it has Explicit axes (then types carry the shardings)."""
-    for x in leaves:
-        mesh = getattr(jax.typeof(x).sharding, "mesh", None)
-        if mesh is not None and not mesh.empty and jax.sharding.AxisType.Explicit in mesh.axis_types:
-            return mesh
-    return None
+def batched_layout(layout: Layout, batched) -> Layout:
+    """``layout`` with a leading dimension on every batched argument (``batched``: one flag per
+    array, in flattening order) and on every result: a role of its own, which may be split
+    (each device then runs its share of the batch; nothing is exchanged)."""
+    role = f"vmap{sum(r.startswith('vmap') for r in layout.shardable)}"  # nested vmaps: vmap0, vmap1, ...
+    return dataclasses.replace(
+        layout, args=tuple((name, (role,) * b + roles) for (name, roles), b in zip(layout.args, batched)),
+        out=tuple((role,) + roles for roles in layout.out), shardable=layout.shardable | {role})
 
 
-def _differentiable(layout, local, static, *arrays):
-    """``_batchable`` that JAX can differentiate: custom_partitioning has no differentiation
-    rule, so a differentiated call (e.g. the backward of the XLA implementation under a
-    second ``jax.grad``) runs the implementation whole, differentiated by JAX, as without a
-    mesh. First-order gradients never take this path: their ``custom_vjp`` calls the
-    forward and backward steps undifferentiated."""
-
-    @jax.custom_jvp
-    def call(*xs):
-        return _batchable(layout, local, static, *xs)
-
-    @call.defjvp
-    def _jvp(primals, tangents):
-        return jax.jvp(lambda *xs: local(static, {}, *xs), primals, tangents)
-
-    return call(*arrays)
-
-
-def run(layout: Layout, local: Callable, static, *arrays):
-    """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
-    or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
+def _explicit_call(mesh, layout, local, static, *arrays):
+    """Explicit-sharding mode: every value's type names its sharding at trace time, so the
+    layout is checked now and the shards run under shard_map with exactly those specs
+    (custom_partitioning's whole-array trace would fail here: the implementations' gathers
+    cannot resolve sharded types)."""
     leaves = jax.tree.leaves(arrays)
-    mesh = _explicit_mesh(leaves)
-    context = jax.sharding.get_abstract_mesh()
-    if mesh is None and (context.manual_axes or jax.sharding.AxisType.Explicit in context.axis_types):
-        # Inside a caller's shard_map: the arrays are local (XLA partitions any Auto axis left
-        # automatic), and the partitioning wrappers below would drop their manual-axes types
-        # (check_vma=True); JAX differentiates and batches ``local`` itself, which types its
-        # results (_vma). Under an Explicit mesh context (jax.set_mesh) with no argument typed
-        # on it, everything is whole: custom_partitioning would not lower there.
-        return local(static, {}, *arrays)
-    if mesh is None:
-        return _differentiable(layout, local, static, *arrays)
-    # Explicit-sharding mode: every value's type names its sharding at trace
-    # time, so the layout is checked now and the shards run under shard_map
-    # with exactly those specs (custom_partitioning's whole-array trace would
-    # fail here: the implementations' gathers cannot resolve sharded types).
     axes = resolve(layout, [x.shape for x in leaves], [jax.typeof(x).sharding for x in leaves],
                    dict(mesh.shape))
 
@@ -251,6 +216,79 @@ def run(layout: Layout, local: Callable, static, *arrays):
     # Inside a caller's shard_map (check_vma=True) over some axes of this Explicit mesh, the
     # results vary over the caller's axes as the arguments do (_vma).
     return _vma.like(result, arrays)
+
+
+def _explicit_mesh(leaves):
+    """The mesh of the arguments' types when it has Explicit axes (then types carry the shardings)."""
+    for x in leaves:
+        mesh = getattr(jax.typeof(x).sharding, "mesh", None)
+        if mesh is not None and not mesh.empty and jax.sharding.AxisType.Explicit in mesh.axis_types:
+            return mesh
+    return None
+
+
+def _per_shard(layout, local, static, *arrays):
+    mesh = _explicit_mesh(jax.tree.leaves(arrays))
+    if mesh is None:
+        return _call(layout, local, static, *arrays)
+    return _explicit_call(mesh, layout, local, static, *arrays)
+
+
+def _batchable(layout, local, static, *arrays):
+    """``_per_shard`` that ``jax.vmap`` can batch. custom_partitioning has no batching rule,
+    and shard_map's cannot batch the implementations over an Explicit batch split; this rule
+    makes the batch a leading dimension of the layout, so a batched call on a mesh still runs
+    per shard (the per-shard function batched by vmap), and as a plain vmap elsewhere."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*xs):
+        return _per_shard(layout, local, static, *xs)
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, *xs):
+        del axis_size
+        in_axes = jax.tree.map(lambda b: 0 if b else None, tuple(in_batched))
+        out = _batchable(batched_layout(layout, jax.tree.leaves(tuple(in_batched))),
+                         _Vmapped(local, in_axes), static, *xs)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return call(*arrays)
+
+
+def _differentiable(layout, local, static, *arrays):
+    """``_batchable`` that JAX can differentiate: custom_partitioning has no differentiation
+    rule, so a differentiated call (e.g. the backward of the XLA implementation under a
+    second ``jax.grad``) runs the implementation whole, differentiated by JAX, as without a
+    mesh (on an Explicit mesh: JAX differentiates the shard_map). First-order gradients never
+    take this path: their ``custom_vjp`` calls the forward and backward steps undifferentiated."""
+    mesh = _explicit_mesh(jax.tree.leaves(arrays))
+
+    @jax.custom_jvp
+    def call(*xs):
+        return _batchable(layout, local, static, *xs)
+
+    @call.defjvp
+    def _jvp(primals, tangents):
+        if mesh is None:
+            return jax.jvp(lambda *xs: local(static, {}, *xs), primals, tangents)
+        return jax.jvp(lambda *xs: _explicit_call(mesh, layout, local, static, *xs), primals, tangents)
+
+    return call(*arrays)
+
+
+def run(layout: Layout, local: Callable, static, *arrays):
+    """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
+    or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
+    context = jax.sharding.get_abstract_mesh()
+    if (_explicit_mesh(jax.tree.leaves(arrays)) is None
+            and (context.manual_axes or jax.sharding.AxisType.Explicit in context.axis_types)):
+        # Inside a caller's shard_map: the arrays are local (XLA partitions any Auto axis left
+        # automatic), and the partitioning wrappers would drop their manual-axes types
+        # (check_vma=True); JAX differentiates and batches ``local`` itself, which types its
+        # results (_vma). Under an Explicit mesh context (jax.set_mesh) with no argument typed
+        # on it, everything is whole: custom_partitioning would not lower there.
+        return local(static, {}, *arrays)
+    return _differentiable(layout, local, static, *arrays)
 
 
 def maybe_on_mesh(first) -> bool:
