@@ -59,7 +59,10 @@ class Registry:
         return mod.why_not()
 
     def run(self, name: str):
-        return self.module(name).run
+        mod = self.module(name)
+        if isinstance(mod, ImportError):
+            raise NotImplementedError(f"{self.op}: implementation {name!r} cannot run here: {self.why_not(name)}")
+        return mod.run
 
     def choose(self, requested: str | None, order: tuple[str, ...] | None = None) -> str:
         """Name of the implementation to run (see the module docstring); ``order``
@@ -91,4 +94,6 @@ REGISTRIES = {
 def available_implementations(op: str) -> tuple[str, ...]:
     """Implementations of ``op`` ("sparse_attention", "compress_groups_with_ratio",
     "store_cache_rows") that can run here."""
+    if op not in REGISTRIES:
+        raise ValueError(f"op must be one of {tuple(REGISTRIES)}; got {op!r}")
     return REGISTRIES[op].available()

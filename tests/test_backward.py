@@ -621,3 +621,49 @@ def test_fp32_cache_cotangent_rounds_to_the_default(impl, order, layout):
     for x in wide[1]:
         x = np.asarray(x)
         assert (x != np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))).any()
+
+
+class _RegistryWithoutPallas:
+    """The sparse-attention registry of a JAX without Pallas's Triton backend: "pallas"
+    cannot run; "triton" stands in as the XLA forward (jax-triton does not import on CPU)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def why_not(self, name):
+        return "no Pallas here" if name == "pallas" else self.real.why_not(name)
+
+    def run(self, name):
+        assert name != "pallas", "a gradient of triton called Pallas where it cannot run"
+        return self.real.run("xla" if name == "triton" else name)
+
+
+@pytest.mark.parametrize("pallas_runs", [True, False])
+def test_triton_gradient_takes_pallas_or_else_xla(monkeypatch, pallas_runs):
+    """"triton" keeps no residuals: its gradient takes the Pallas residual forward and backward,
+    or the XLA ones where Pallas cannot run (before, it called Pallas regardless)."""
+    case, _ = _case(3)
+    ct = C.bf16_random(np.random.default_rng(3), case.q.shape)
+    problem, arrays = _problem(case), (jnp.asarray(case.q), (jnp.asarray(case.kv_cache),), *_meta(case),
+                                       jnp.asarray(case.output_gate))
+    if not pallas_runs:
+        monkeypatch.setattr(B, "_registry", lambda: _RegistryWithoutPallas(qsa_jax._implementations.REGISTRIES[
+            "sparse_attention"]))
+    assert B.gradient_implementation("triton") == ("pallas" if pallas_runs else "xla")
+    assert B.gradient_implementation("xla") == "xla" and B.gradient_implementation("pallas") == "pallas"
+    if pallas_runs:
+        return  # the Pallas route is what every other test of "pallas" gradients runs
+    out, pull = jax.vjp(lambda q, kv, g: B.differentiable(problem, "triton", q, kv, *arrays[2:5], g),
+                        arrays[0], arrays[1], arrays[5])
+    got = pull(jnp.asarray(ct))
+    want_out, want = _vjp(case, "xla", ct)
+    for x, y in zip(jax.tree.leaves((out, got)), jax.tree.leaves((want_out, (want[0], (want[1],), want[2])))):
+        np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+
+
+def test_registry_names_an_implementation_that_does_not_import():
+    from qsa_jax._implementations import Registry
+
+    registry = Registry("sparse_attention", "qsa_jax.ops.no_such_package")
+    with pytest.raises(NotImplementedError, match="'pallas' cannot run here"):
+        registry.run("pallas")

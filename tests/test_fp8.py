@@ -377,7 +377,7 @@ def test_table_and_capability_errors():
     with pytest.raises(ValueError, match="capability"):
         cfgmod.select_config(1, 2, False, 64, capability="nine")
     case = _case()
-    with pytest.raises(ValueError, match="table must be one of"):
+    with pytest.raises(ValueError, match="config must be a tiling .* or None; got 'gb300'"):
         _call(case, case.kv_cache, config="gb300")
 
 

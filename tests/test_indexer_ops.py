@@ -62,6 +62,8 @@ def test_compress_rejects_bad_arguments():
         qsa_jax.compress_groups_with_ratio(*a, 4, np.zeros((1, 1, 1, 3), np.int32))
     with pytest.raises(TypeError, match="compressor_state_cache dtype"):
         qsa_jax.compress_groups_with_ratio(a[0], a[1], a[2].astype(np.float32), *a[3:], 4)
+    with pytest.raises(TypeError, match="token_to_req must be an array"):
+        qsa_jax.compress_groups_with_ratio(*a[:4], a[4].tolist(), *a[5:], 4)
 
 
 @pytest.mark.parametrize("rows_dtype", [C.BF16, np.float32])
@@ -125,3 +127,5 @@ def test_store_rejects_bad_arguments():
         qsa_jax.store_cache_rows(cache, np.zeros(2, np.int32), np.zeros((1, 8)))
     with pytest.raises(ValueError, match="one head"):
         qsa_jax.store_cache_rows(cache, np.zeros(1, np.int32), np.zeros((1, 2, 8)))
+    with pytest.raises(TypeError, match="slot_mapping must be an array"):  # a list once recursed
+        qsa_jax.store_cache_rows(cache, [0, 5], np.ones((2, 8)))

@@ -139,6 +139,12 @@ BAD = [
     ("token_to_req", lambda a: a["token_to_req"][:1], ValueError, "token_to_req"),
     ("output_gate", lambda a: a["output_gate"][:, :2], ValueError, "output_gate"),
     ("output_gate", lambda a: a["output_gate"].astype(np.float16), TypeError, "output_gate"),
+    # [R, D, H]: q's element count and rows, but not a layout of q's (H 4 != D 16)
+    ("output_gate", lambda a: a["output_gate"].swapaxes(1, 2), ValueError, "output_gate must have q's shape"),
+    # not arrays: named before any shape check (a list once recursed in the memo's key)
+    ("token_to_req", lambda a: a["token_to_req"].tolist(), TypeError, "token_to_req must be an array"),
+    ("kv", lambda a: (a["kv"], None), TypeError, "v_cache must be an array"),
+    ("q", lambda a: 1.0, TypeError, "q must be an array"),
 ]
 
 
@@ -160,10 +166,34 @@ def test_head_dim_must_be_power_of_two():
 
 
 @pytest.mark.parametrize("cfg,msg", [((24, 1, 2, 1), "block_n"), ((32, 1, 2, 3), "num_splits"),
-                                     ((32, 1, 0, 1), "num_tiles")])
+                                     ((32, 1, 0, 1), "num_tiles"), ((32, 3, 2, 1), "num_warps"),
+                                     ((32, 0, 2, 1), "num_warps"), ((32, 4), "four ints"),
+                                     ("vllm-0.31", "config must be a tiling")])
 def test_bad_explicit_config(cfg, msg):
     with pytest.raises(ValueError, match=msg):
         qsa_jax.sparse_attention(**_good(), config=cfg)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_explicit_config_must_cover_the_selection(implementation):
+    """num_tiles >= ceil(W / block_n): one tile fewer used to drop the last columns' tokens
+    without a word (a review found outputs 0.56 apart); more only add empty tiles."""
+    args = _good()
+    width = args["logical_indices"].shape[1] - 1
+    tiles = -(-width // 16)
+    assert tiles >= 2, "the case must need more than one tile"
+    want = qsa_jax.sparse_attention(**args, implementation="xla")
+    for more in (0, 1):
+        got = qsa_jax.sparse_attention(**args, config=(16, 1, tiles + more, 1), implementation=implementation)
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    with pytest.raises(ValueError, match=rf"num_tiles must be >= ceil\(W / block_n\) .* = {tiles}, .*; got "
+                                         rf"{tiles - 1}"):
+        qsa_jax.sparse_attention(**args, config=(16, 1, tiles - 1, 1), implementation=implementation)
+
+
+def test_available_implementations_names_the_operators():
+    with pytest.raises(ValueError, match="op must be one of"):
+        qsa_jax.available_implementations("sparse")
 
 
 def test_unknown_or_unavailable_implementation():

@@ -25,6 +25,8 @@ def spec(x):
     # A registered pytree (e.g. ``StridedQuery``): its static fields live in the
     # treedef, which is hashable; its arrays are described like any array.
     leaves, treedef = jax.tree_util.tree_flatten(x)
+    if treedef.num_leaves == 1 and leaves[0] is x:  # a leaf that is no array (an int, a str)
+        raise TypeError(f"{type(x).__name__} is not array-like")
     return ("tree", treedef) + tuple(spec(a) for a in leaves)
 
 

@@ -7,6 +7,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from qsa_jax.ops._arrays import require_arrays
+
 
 def _shape(x) -> tuple[int, ...]:
     return tuple(int(s) for s in np.shape(x))
@@ -28,6 +30,10 @@ def check_compress_args(raw_keys, raw_positions, compressor_state_cache,
                         logical_positions, compressed_slots, compress_ratio,
                         rope_cache) -> CompressProblem:
     """The originals' checks, with the offending argument named."""
+    require_arrays(raw_keys=raw_keys, raw_positions=raw_positions, compressor_state_cache=compressor_state_cache,
+                   compressor_state_block_table=compressor_state_block_table, token_to_req=token_to_req,
+                   query_start_loc=query_start_loc, logical_positions=logical_positions,
+                   compressed_slots=compressed_slots, **({} if rope_cache is None else {"rope_cache": rope_cache}))
     rows = int(np.size(token_to_req))
     if not isinstance(compress_ratio, (int, np.integer)) or compress_ratio <= 0:
         raise ValueError(f"compress_ratio must be a positive int; got {compress_ratio!r}")

@@ -32,7 +32,8 @@ Implementations: ``xla_backward`` (this module; every backend, any float dtype
 including float64 -- the oracle of the tests) and the Pallas kernel
 (``backward_pallas.py``). ``implementation="xla"`` differentiates with the XLA
 backward, "pallas" with the Pallas one; "triton" keeps its own output and takes
-the residuals from a Pallas forward (one extra forward) and the Pallas backward.
+the residuals from a Pallas forward (one extra forward) and the Pallas backward --
+or, where Pallas cannot run (a JAX without its Triton backend), from the XLA ones.
 
 Transformations: ``jit`` as usual. ``vmap`` over a leading batch of any arguments
 batches the custom VJP's forward and backward rule: the XLA parts batch natively,
@@ -74,13 +75,23 @@ def differentiable(problem: SparseAttentionProblem, implementation: str, q, kv_a
                                       logical_indices, block_table, token_to_req, output_gate)
 
 
+def gradient_implementation(implementation: str) -> str:
+    """The implementation whose residual forward and backward differentiate
+    ``implementation``: itself, but for "triton" (its kernels keep no residuals) Pallas, or
+    XLA where Pallas cannot run."""
+    if implementation != "triton":
+        return implementation
+    return "pallas" if _registry().why_not("pallas") is None else "xla"
+
+
 def forward_with_residuals(problem, implementation, q, kv_arrays, logical_indices, block_table,
                            token_to_req, output_gate):
     """(output, ungated attention bf16 [R,H,D], merged base-2 LSE [R,H] fp32)."""
     args = (problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
-    if implementation == "triton":  # its kernels keep no residuals: see the docstring
-        out = _registry().run("triton")(*args)
-        return (out,) + _registry().run("pallas")(*args, residuals=True)[1:]
+    residuals = gradient_implementation(implementation)
+    if residuals != implementation:  # triton: see the docstring
+        out = _registry().run(implementation)(*args)
+        return (out,) + _registry().run(residuals)(*args, residuals=True)[1:]
     return _registry().run(implementation)(*args, residuals=True)
 
 
@@ -95,7 +106,7 @@ def _fwd(problem, implementation, q, kv_arrays, logical_indices, block_table, to
 
 def _bwd(problem, implementation, residuals, d_out):
     q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, attention, lse = residuals
-    if implementation == "xla":
+    if gradient_implementation(implementation) == "xla":
         backward = xla_backward
     else:
         from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward as backward

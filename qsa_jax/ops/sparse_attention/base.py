@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from typing import Any, Sequence
 
 import jax
@@ -44,7 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from qsa_jax.config import PallasLaunch, SparseAttentionConfig, TritonLaunch, select_config, table_tiling
+from qsa_jax.config import (TABLE_NAMES, PallasLaunch, SparseAttentionConfig, TritonLaunch, select_config,
+                            table_tiling)
+from qsa_jax.ops._arrays import require_arrays
 
 # Scores start here and invalid entries get this score: a finite "minus
 # infinity" keeps exp2(max_old - max_new) finite when a tile has no valid
@@ -139,6 +142,7 @@ def as_kv_layout(kv) -> tuple[KVLayout, tuple[Any, ...]]:
         if len(kv) != 2:
             raise ValueError(f"kv must be the fused kv_cache or a (k_cache, v_cache) pair; got {len(kv)} arrays")
         k, v = kv
+        require_arrays(k_cache=k, v_cache=v)
         if len(_shape(k)) != 4:
             raise ValueError(f"k_cache must be [pages, page_size, kv_heads, head_dim]; got shape {_shape(k)}")
         if _shape(v) != _shape(k):
@@ -148,6 +152,7 @@ def as_kv_layout(kv) -> tuple[KVLayout, tuple[Any, ...]]:
         nb, p, hk, d = _shape(k)
         cache, arrays = KVLayout(False, nb, p, hk, d), (k, v)
     else:
+        require_arrays(kv_cache=kv)
         shape = _shape(kv)
         if len(shape) != 4 or shape[3] % 2:
             raise ValueError(
@@ -341,6 +346,8 @@ def check_sparse_attention_args(
     ``launch``: None or a ``PallasLaunch``/``TritonLaunch`` (matched to the
     implementation by the caller).
     """
+    require_arrays(q=q.table if isinstance(q, StridedQuery) else q, logical_indices=logical_indices,
+                   block_table=block_table, token_to_req=token_to_req, output_gate=output_gate)
     cache, arrays = as_kv_layout(kv)
     fmt = kv_format(arrays)
     given = dict(zip(("k_scale", "v_scale"), scales_given))
@@ -380,8 +387,9 @@ def check_sparse_attention_args(
     if _shape(token_to_req) != (rows,):
         raise ValueError(f"token_to_req must be [rows={rows}]; got shape {_shape(token_to_req)}")
     gs = _shape(output_gate)
-    if gs != qs and not (int(np.prod(gs)) == rows * heads * d and gs[:1] == (rows,)):
-        raise ValueError(f"output_gate must have q's shape {qs} (or [rows, heads*head_dim]); got {gs}")
+    if gs not in (qs, (rows, heads * d)):
+        raise ValueError(f"output_gate must have q's shape {qs} (or [rows, heads*head_dim] = "
+                         f"{(rows, heads * d)}); got {gs}")
 
     if q.dtype != jnp.bfloat16:
         raise TypeError(f"q must be bfloat16; got {q.dtype}")
@@ -402,15 +410,12 @@ def check_sparse_attention_args(
     explicit = not (config is None or isinstance(config, str))
     stages = None
     if not explicit:
+        if config is not None and config not in TABLE_NAMES:
+            raise ValueError(f"config must be a tiling (block_n, num_warps, num_tiles, num_splits), a table "
+                             f"name {TABLE_NAMES} or None; got {config!r}")
         cfg, stages = table_choice(rows, cache.num_kv_heads, width, bool(use_prefill_config), fmt != "bf16", config)
     else:
-        cfg = SparseAttentionConfig(*config)
-        if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
-            raise ValueError(f"config.block_n must be a power of two >= 16; got {cfg.block_n}")
-        if not 1 <= cfg.num_tiles:
-            raise ValueError(f"config.num_tiles must be >= 1; got {cfg.num_tiles}")
-        if not 1 <= cfg.num_splits <= cfg.num_tiles:
-            raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
+        cfg = check_tiling(config, width)
     # The flag is kept where it changes the table's entry: its tiling, or (a measured table)
     # the entry's stages or implementation (``config.sparse_attention_order`` reads it again).
     prefill_tiling = not explicit and bool(use_prefill_config) and (
@@ -422,6 +427,30 @@ def check_sparse_attention_args(
                                   scaled=all(given.values()), num_stages=stages,
                                   prefill_tiling=prefill_tiling, table=None if explicit else config,
                                   launch=launch)
+
+
+def check_tiling(config, width: int) -> SparseAttentionConfig:
+    """An explicit ``config`` as a ``SparseAttentionConfig``, checked against the selection
+    width W: ``ValueError`` naming the field that cannot launch or would drop columns."""
+    try:
+        cfg = SparseAttentionConfig(*(operator.index(x) for x in config))
+    except TypeError:
+        raise ValueError(f"config must be four ints (block_n, num_warps, num_tiles, num_splits), a table "
+                         f"name {TABLE_NAMES} or None; got {config!r}") from None
+    if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
+        raise ValueError(f"config.block_n must be a power of two >= 16; got {cfg.block_n}")
+    if not 1 <= cfg.num_warps <= 32 or cfg.num_warps & (cfg.num_warps - 1):
+        raise ValueError(f"config.num_warps must be a power of two in [1, 32]; got {cfg.num_warps}")
+    # The kernels walk num_tiles tiles of block_n columns: fewer than W needs would drop
+    # selected tokens without a word. More only add empty tiles (and splits: the tests'
+    # way to reach many splits at small W); the originals always pass this ceil.
+    tiles = -(-width // cfg.block_n)
+    if cfg.num_tiles < tiles:
+        raise ValueError(f"config.num_tiles must be >= ceil(W / block_n) = ceil({width} / {cfg.block_n}) = "
+                         f"{tiles}, or the last selection columns are never read; got {cfg.num_tiles}")
+    if not 1 <= cfg.num_splits <= cfg.num_tiles:
+        raise ValueError(f"config.num_splits must be in [1, num_tiles={cfg.num_tiles}]; got {cfg.num_splits}")
+    return cfg
 
 
 def _host_scale(name: str, value) -> float | None:

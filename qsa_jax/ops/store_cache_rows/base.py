@@ -7,6 +7,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from qsa_jax.ops._arrays import require_arrays
+
 
 @dataclasses.dataclass(frozen=True)
 class StoreProblem:
@@ -17,6 +19,7 @@ class StoreProblem:
 
 
 def check_store_args(cache, slot_mapping, rows) -> StoreProblem:
+    require_arrays(cache=cache, slot_mapping=slot_mapping, rows=rows)
     cs = tuple(int(s) for s in np.shape(cache))
     if len(cs) != 4 or cs[2] != 1:
         raise ValueError(f"cache must be [pages, page_size, 1, width]; got shape {cs}")
