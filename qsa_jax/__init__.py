@@ -8,7 +8,7 @@ Public API:
 - ``store_cache_rows``: scatter rows into a paged cache (in place when donated).
 - ``select_config`` / ``SparseAttentionConfig``: the static tiling table.
 - ``warmup`` / ``enable_persistent_cache``: compile ahead of serving, keep it on disk.
-- ``repeat_kv_heads`` / ``MeshLayoutError``: running on a device mesh (README, "Sharded").
+- ``repeat_kv_heads`` / ``MeshLayoutError``: running on a device mesh (README, "On a device mesh").
 
 Each operator takes ``implementation=`` ("pallas", "triton", "xla" or None).
 """

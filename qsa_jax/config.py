@@ -405,7 +405,7 @@ class PallasLaunch(_Launch):
     kernel's warps. Same arithmetic and order as the separate merge (notes/pallas.md,
     "Session 6: single-launch decode"); on the GPU last-bit differences from it (2-29
     elements per case, within the fidelity contract). Measured on an H200 (2026-12-03) at
-    the table's decode tilings: 1.24-7.1x slower than "separate" (one program's serial
+    the table's decode tilings: 1.19-7.2x the busy time of "separate" (one program's serial
     merge costs more than the second launch), hence not the default.
     """
 

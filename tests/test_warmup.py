@@ -21,7 +21,7 @@ def test_warmup_returns_profiles_and_writes_cache(tmp_path):
     table = np.zeros((2, 3), np.int32)
     try:
         profiles = qsa_jax.warmup(kv, table, num_query_heads=4, selection_width=131,
-                                  row_counts=[1, 13, 1100], persistent_cache=tmp_path)
+                                  row_counts=[1, 13, 1100], persistent_cache=tmp_path, table="vllm-0.30")
     finally:
         jax.config.update("jax_compilation_cache_dir", None)
     # 1 row -> (32, 5 splits, 4 warps); 13 rows x 2 = 26 programs -> 16 wanted, 5 tiles;
