@@ -666,25 +666,29 @@ def pallas_fp8_keys_f16_dot() -> bool:
     return False
 
 
-def triton_fp8_keys_f16_dot() -> bool:
+# Query heads per KV head up to which the jax-triton kernel's fp8 q.K^T runs as an fp16 dot.
+TRITON_FP8_F16_DOT_MAX_GROUP = 8
+
+
+def triton_fp8_keys_f16_dot(group_size: int) -> bool:
     """Whether the jax-triton split kernel computes q.K^T for an fp8 cache as an fp16 dot
     (its QK_FP16): K converted e4m3 -> fp16 only, q rescaled once per program by a power of
-    two per query row, the scores scaled back (``triton_kernels._f16_query``).
+    two per query row, the scores scaled back (``triton_kernels._f16_query``). Bit-identical
+    to the bf16 dot (H200, every fp8 launch tried, query heads 2^63 apart); a speed choice.
 
-    Why: the jax-triton kernel is the fp8 route at most batch sizes
-    (``sparse_attention_order``), and like vLLM 0.34.0's kernel it turns every K element of
-    every tile into bf16 for a bf16 dot; issue 13's 1.8x fp8/bf16 throughput needs fewer
-    conversions per byte (notes/triton.md, session 13). Compiled for sm_90 on the CPU
-    (``tools/sm90_split_kernel_ab.py``'s ``ours(..., fp8=True, qk_fp16=True)``) at the
-    table's launches: notes/triton.md, session 14. The Pallas kernel's version of the same dot
-    (``pallas_fp8_keys_f16_dot``) was bit-identical on the H200 but only timed together
-    with another knob that made it 2x slower (XLA's Triton; notes/pallas.md session 7).
-    Off until timed on the GPU (``tools/sessions/gpu_session14_a.sh``). A function so
-    that tests and the benchmark can switch it; it is read into the launch plan, so a switch
+    Why: like vLLM 0.34.0's kernel, the bf16 dot turns every K element of every tile into
+    bf16 (e4m3 -> fp16 -> fp32 -> bf16), ~30% of the one-warp tile loop (notes/triton.md,
+    sessions 13-14). Measured on the H200 (2026-12-05, notes/triton.md "Session 17"), busy
+    time of the split kernel with the fp16 dot against without:
+    - TP4 (G = 6 query heads per KV head: 8-row MMA tiles, each K conversion serving 6 rows):
+      -6 to -11% at 64-4096 rows, through the shim's torch launch and through JAX alike;
+    - TP1 (G = 12: 16-row tiles): +3 to +6% through the torch launch, -1 to -2% through JAX.
+    Hence on where ``group_size`` <= ``TRITON_FP8_F16_DOT_MAX_GROUP`` (8-row tiles). A function
+    so that tests and the benchmark can switch it; it is read into the launch plan, so a switch
     in a running process needs ``triton._launch_plan.cache_clear()``, JAX's caches of the
     traced call (``api._run.clear_cache()``) and, for the shim, ``_direct._SIGNATURES.clear()``.
     """
-    return False
+    return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP
 
 
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).

@@ -528,7 +528,7 @@ def test_pallas_fp8_knob_is_bit_identical(knob_name, as_bytes, monkeypatch):
     kv = bits if as_bytes else bits.view(E4M3)
     outs = []
     for knob in (False, True):
-        monkeypatch.setattr(cfgmod, knob_name, lambda knob=knob: knob)
+        monkeypatch.setattr(cfgmod, knob_name, lambda *_, knob=knob: knob)
         jitted.clear_cache()  # the knob is read while tracing
         outs.append(_run(case, kv, "pallas", cfg, k_scale=K_SCALE, v_scale=V_SCALE))
     jitted.clear_cache()
@@ -892,7 +892,7 @@ def test_gpu_fp8_knob_is_bit_identical(implementation, knob_name, config, monkey
     case = dataclasses.replace(case, q=q.astype(case.q.dtype))
     outs = []
     for knob in (False, True):
-        monkeypatch.setattr(cfgmod, knob_name, lambda knob=knob: knob)
+        monkeypatch.setattr(cfgmod, knob_name, lambda *_, knob=knob: knob)
         jitted.clear_cache()
         clear_plans()
         outs.append(_run(case, kv, implementation, config, k_scale=K_SCALE, v_scale=V_SCALE))

@@ -417,7 +417,7 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                     outputs = []
                     # The knob on with a bf16 cache must change nothing (QK_FP16 is fp8's only).
                     for f16_dot in (False, True):
-                        config.triton_fp8_keys_f16_dot = lambda f16_dot=f16_dot: f16_dot
+                        config.triton_fp8_keys_f16_dot = lambda *_, f16_dot=f16_dot: f16_dot
                         stri._launch_plan.cache_clear()
                         problem = sbase.check_sparse_attention_args(
                             q, kv, case.logical_indices, case.block_table, case.token_to_req,
@@ -451,7 +451,7 @@ def _interpret_fp8_cases(sbase, stri) -> int:
         k8, v8 = np.ascontiguousarray(split[..., :d]), np.ascontiguousarray(split[..., d:])
         assert np.isnan(v8.astype(np.float32)).any()
         for f16_dot in (False, True):
-            config.triton_fp8_keys_f16_dot = lambda f16_dot=f16_dot: f16_dot
+            config.triton_fp8_keys_f16_dot = lambda *_, f16_dot=f16_dot: f16_dot
             stri._launch_plan.cache_clear()
             for layout, kv in (("fused", (fused,)), ("split", (k8, v8))):
                 problem = sbase.check_sparse_attention_args(
@@ -807,11 +807,38 @@ def test_fp16_keys_knob_reaches_fp8_launches_only(monkeypatch):
              (jnp.bfloat16, False, False)]
     try:
         for knob in (True, False):
-            monkeypatch.setattr(config, "triton_fp8_keys_f16_dot", lambda knob=knob: knob)
+            monkeypatch.setattr(config, "triton_fp8_keys_f16_dot", lambda *_, knob=knob: knob)
             got = [qk_fp16(dtype, scaled) for dtype, scaled, _ in cases]
             assert got == [knob and fp8 for *_, fp8 in cases], (knob, got)
     finally:
         stri._launch_plan.cache_clear()
+
+
+def test_fp16_keys_default_follows_the_group_size():
+    """By default the fp16 q.K^T runs where it measured faster on the H200 (notes/triton.md,
+    session 17): 8-row MMA tiles (G <= 8, TP4's 6 heads per KV head), not TP1's G = 12."""
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax import config
+    from qsa_jax.ops.sparse_attention import base as sbase
+    from qsa_jax.ops.sparse_attention import triton as stri
+
+    s = jax.ShapeDtypeStruct
+
+    def qk_fp16(heads, kv_heads):
+        problem = sbase.check_sparse_attention_args(
+            s((8, heads, 256), jnp.bfloat16), s((64, kv_heads, 64, 512), jnp.float8_e4m3fn),
+            s((8, 2052), jnp.int32), s((2, 64), jnp.int32), s((8,), jnp.int32), s((8, heads, 256), jnp.bfloat16),
+            use_prefill_config=False, config=None, scales_given=(True, True))
+        stri._launch_plan.cache_clear()
+        try:
+            return dict(stri.launch_plan(problem).split_meta)["QK_FP16"]
+        finally:
+            stri._launch_plan.cache_clear()
+
+    assert config.TRITON_FP8_F16_DOT_MAX_GROUP == 8
+    assert [qk_fp16(h, hk) for h, hk in ((24, 2), (6, 1), (8, 1), (16, 1))] == [False, True, True, False]
 
 
 def test_split_kernel_fp16_keys_drop_the_bf16_conversions(tmp_path):

@@ -87,7 +87,7 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
                       TILE_INDUCTION=config.triton_tile_induction(-(-W // block_n), splits) if induction is None
                       else induction,
                       SCALED=fp8, FP8=fp8, KV_BYTES=False,
-                      QK_FP16=fp8 and (config.triton_fp8_keys_f16_dot() if qk_fp16 is None else qk_fp16),
+                      QK_FP16=fp8 and (config.triton_fp8_keys_f16_dot(group) if qk_fp16 is None else qk_fp16),
                       F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT)
     # A kernel without TILE_INDUCTION (before session 13's loop forms) takes the others.
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}

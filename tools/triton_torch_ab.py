@@ -189,7 +189,7 @@ def main() -> int:
     if a.prefetch_off:
         passes.append(("prefetch off", dict(triton_prefetch=lambda *_: False)))
     if a.f16_dot:
-        passes.append(("fp16 q.K^T", dict(triton_fp8_keys_f16_dot=lambda: True)))
+        passes.append(("fp16 q.K^T", dict(triton_fp8_keys_f16_dot=lambda *_: True)))
     defaults = {name: getattr(config, name) for _, knobs in passes for name in knobs}
 
     def set_pass(knobs: dict):
