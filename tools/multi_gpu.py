@@ -38,6 +38,8 @@ import qsa_jax  # noqa: E402
 from bench.kernel_trace import gpu_kernels_by_device  # noqa: E402
 from qsa_jax.arg_specs import TP1  # noqa: E402
 from qsa_jax.config import select_config  # noqa: E402
+from qsa_jax.ops.sparse_attention import backward_pallas as bp  # noqa: E402
+from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args  # noqa: E402
 from qsa_testing.cases import compress_case, sparse_attention_case, store_case  # noqa: E402
 from qsa_testing.sharding_checks import bits, collectives_in, make_mesh, put, shard_vjp, vjp_call  # noqa: E402
 
@@ -116,9 +118,20 @@ def attention_grad_row(n, heads, rows, small, implementation):
     shard = on(mesh.devices[0, 0])
     one = fn(*shard)
     checked = (0, 1, 3) if data > 1 else (0, 1, 2, 3)  # out, dq, dkv, dgate
-    same = all(np.array_equal(bits(g.addressable_shards[0].data), bits(o))
+    # Where the Pallas dq walk splits a row's columns, the splits add into dq atomically: its
+    # bits depend on the run (README "Gradients"), so dq is held to 1e-3 there instead.
+    problem = check_sparse_attention_args(*shard[:6], use_prefill_config=False, config=None)
+    dq_splits = bp.default_splits(problem, bp.DEFAULT_BLOCK_N) if implementation != "xla" else 1
+    extra = {"dq_splits": dq_splits}
+
+    def agrees(i, g, o):
+        if i == 1 and dq_splits > 1:
+            extra["dq_rel_diff"] = relative_error(g, o)
+            return extra["dq_rel_diff"] <= 1e-3
+        return np.array_equal(bits(g), bits(o))
+
+    same = all(agrees(i, g.addressable_shards[0].data, o)
                for i in checked for g, o in zip(jax.tree.leaves(got[i]), jax.tree.leaves(one[i])))
-    extra = {}
     if data > 1:
         # The all-reduced cache cotangent: the row shards' unrounded (fp32) ones, summed, rounded
         # once. Bit for bit at 2 row shards; with more, the reduction's order is NCCL's.
@@ -195,7 +208,7 @@ def indexer_rows(n, small, implementation):
                     "bit_identical": all(np.array_equal(bits(g), bits(w)) for g, w in zip(got, want)),
                     "collectives": collectives_in(fn, *args), "mesh_wall_us": wall,
                     "busy_us_per_device": busy})
-    pages = 16 * n
+    pages = 16 * max(n, 4)  # 1024+ slots: 512 distinct ones (a duplicate's last writer is run-dependent)
     sc = store_case(np.random.default_rng(2), n=64 if small else 512, pages=pages, page_size=16)
     want = qsa_jax.store_cache_rows(sc.cache, sc.slot_mapping, sc.rows, implementation=implementation)
     args = (put(mesh, sc.cache, "data"), put(mesh, sc.slot_mapping), put(mesh, sc.rows))
