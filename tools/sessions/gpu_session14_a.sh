@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 14, call a -- NOT RUN in session 14 (no device time was left to the session: 88 s).
+# Session 14, call a -- NOT RUN in session 14 (no device time was left to the session: 88 s);
+# run in session 17 as its call a (bench/results/nvidia-h200_2026-12-05/session17/call_a/).
 # The fp16 q.K^T of the jax-triton split kernel for fp8 caches (config.triton_fp8_keys_f16_dot,
 # the kernel's QK_FP16; off by default until this runs), issue 13's 1.8x fp8/bf16 throughput:
 #  1. GPU bit-identity of the knob against the bf16 dot (tests/test_fp8.py, jax-triton through JAX,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Session 17, call b: session 15's queued call a (issue 16's gather probe, the fp32 cache
-# cotangent, the kernels inside jax.shard_map, the mesh vjp on one GPU) and what session 13's
-# call k owed besides the memcheck and the split-kernel A/B that call a of this session made:
-# the benchmark's in-turns column on the final kernels and 0.30.0 parity of "triton".
-# Predictions: as in gpu_session15_a.sh (probe >= 2.5 ms: gather-bound; <= 1.5 ms: headroom) and
-# gpu_session13_k.sh (in turns <= 1.0 at every cell; parity 24 passed, relative error 0).
+# Session 17, call b (run; results in bench/results/nvidia-h200_2026-12-05/session17/call_b/).
+# It replaces two scripts that were written and never run (no device in sessions 13-16):
+# session 15's call a (issue 16's gather probe, the fp32 cache cotangent, the kernels inside
+# jax.shard_map, the mesh vjp on one GPU) and what session 13's call k owed besides the memcheck
+# and the split-kernel A/B that call a of this session made (the benchmark's in-turns column on
+# the final kernels, 0.30.0 parity of "triton").
+# Predictions: probe >= 2.5 ms at TP1 1024 rows: gather-bound; <= 1.5 ms: headroom (notes/backward.md,
+# session 15); in turns <= 1.0 at every cell; parity 24 passed, relative error 0 (session 13).
 # Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_session17_b.sh
 source tools/gpu_env.sh
 set -o pipefail
