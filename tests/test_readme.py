@@ -13,25 +13,42 @@ NAMED_DIRS = ("qsa_jax/", "qsa_torch_shim/", "qsa_testing/", "tools/", "bench/",
 UNNAMED = ("tools/sessions/", "bench/results/")
 
 
-def _layout_names(readme: str) -> set[str]:
-    """Every backticked name in the rows of README's "## Layout" table."""
+def _layout_patterns(readme: str) -> list[tuple[str, str]]:
+    """(folder, pattern) per name in the rows of README's "## Layout" table. The first cell names
+    files by path; a bare name there continues the folder of the path before it
+    (`qsa_jax/ops/<operator>/pallas.py`, `triton.py`). A row whose first cell names a folder
+    (`bench/`) names its modules in the other cells, by file or module name (`measure*`); other
+    rows' other cells name nothing (a `run` there must not cover every run.py)."""
     section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    return {name for line in section.splitlines() if line.startswith("|")
-            for name in re.findall(r"`([^`]+)`", line)}
+    out = []
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = line.split("|")
+        folder = ""
+        for name in re.findall(r"`([^`]+)`", cells[1]):
+            if name.endswith("/"):
+                out += [("", n) if "/" in n else (name, n) for n in re.findall(r"`([^`]+)`", "|".join(cells[2:]))]
+            elif "/" in name:
+                folder = name.rsplit("/", 1)[0] + "/"
+                out.append(("", name))
+            else:
+                out.append(("", folder + name))
+    return out
 
 
 def _unnamed_modules(readme: str, files: list[str]) -> list[str]:
-    names = _layout_names(readme)
+    patterns = [(folder.replace("<operator>", "*"), name.replace("<operator>", "*").replace("<N>", "*")
+                 .replace("<call>", "*")) for folder, name in _layout_patterns(readme)]
     out = []
     for f in files:
         p = pathlib.PurePosixPath(f)
         if (not f.startswith(NAMED_DIRS) or f.startswith(UNNAMED) or p.suffix not in (".py", ".sh")
                 or p.name == "__init__.py"):
             continue
-        # A row names a file by path (`qsa_jax/ops/<operator>/api.py`, `tools/gpu_*.sh`),
-        # by file name (`triton.py`) or by module name (`_checks`, `measure*`).
-        if not any(fnmatch.fnmatch(f, n.replace("<operator>", "*")) or fnmatch.fnmatch(p.name, n)
-                   or fnmatch.fnmatch(p.stem, n) for n in names):
+        if not any(fnmatch.fnmatch(f, name) if not folder else
+                   (fnmatch.fnmatch(f, folder + "*") and (fnmatch.fnmatch(p.name, name) or fnmatch.fnmatch(p.stem, name)))
+                   for folder, name in patterns):
             out.append(f)
     return out
 
@@ -49,3 +66,6 @@ def test_layout_check_sees_an_unnamed_module():
     assert _unnamed_modules(readme, ["qsa_jax/ops/sparse_attention/new_kernel.py"]) == [
         "qsa_jax/ops/sparse_attention/new_kernel.py"]
     assert _unnamed_modules(readme, ["qsa_jax/ops/sparse_attention/api.py", "tools/gpu_all.sh"]) == []
+    # A module name of one folder's row covers no other folder's file of that name.
+    assert _unnamed_modules(readme, ["qsa_jax/run.py", "qsa_jax/ops/sparse_attention/plan.py"]) == [
+        "qsa_jax/run.py", "qsa_jax/ops/sparse_attention/plan.py"]

@@ -9,9 +9,19 @@ from qsa_jax.warmup import default_row_counts
 
 
 def test_default_row_counts_reach_every_config():
+    """Against a brute force over every row count (not first_rows, which both functions use):
+    the warmup's row counts reach every config, each config's first row count is the smallest
+    that picks it, and reachable_configs lists exactly those."""
+    from qsa_jax.config import first_rows
+
+    first = {}
+    for r in range(1, 8193):
+        for f in (False, True):
+            first.setdefault(qsa_jax.select_config(r, 2, f, 2051), r)
     rows = default_row_counts(2, 2051)
     got = {qsa_jax.select_config(r, 2, f, 2051) for r in rows for f in (False, True)}
-    assert got == set(qsa_jax.reachable_configs(2, 2051))
+    assert got == set(first) == set(qsa_jax.reachable_configs(2, 2051))
+    assert first_rows(2, 2051) == first and set(first.values()) <= set(rows)
     assert max(rows) == 8192 and 1 in rows
 
 
