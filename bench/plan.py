@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from bench.records import AUTO, SHIMS, Case
+from qsa_jax.arg_specs import BENCH_ROWS, INDEXER_RING, INDEXER_RING_SPECULATIVE
 
 OPS = ("sparse_attention", "compress_groups_with_ratio", "store_cache_rows")
 OP_ALIASES = {"sparse": "sparse_attention", "attention": "sparse_attention",
@@ -28,7 +29,7 @@ SHIM_FUNCS = {"sparse_attention": "qsa_sparse_paged_attention",
               "compress_groups_with_ratio": "qsa_compress_groups_with_ratio",
               "store_cache_rows": "qsa_store_cache_rows"}
 
-GPU_ROWS = tuple(2**i for i in range(13))  # 1 .. 4096 (qsa_jax.arg_specs.BENCH_ROWS)
+GPU_ROWS = BENCH_ROWS  # 1 .. 4096
 GPU_INDEXER_ROWS = (1, 4, 16, 64, 256, 512, 1024, 4096, 8192)
 CPU_ROWS = (1, 4, 16, 64)
 CPU_INDEXER_ROWS = (1, 16, 256)
@@ -84,7 +85,7 @@ class Settings:
             rows=_csv(args.rows, int) or quick.get("rows") or (GPU_ROWS if gpu else CPU_ROWS),
             indexer_rows=(_csv(args.indexer_rows, int) or quick.get("indexer_rows")
                           or (GPU_INDEXER_ROWS if gpu else CPU_INDEXER_ROWS)),
-            rings=_csv(args.ring, int) or quick.get("rings") or (4, 8),
+            rings=_csv(args.ring, int) or quick.get("rings") or (INDEXER_RING, INDEXER_RING_SPECULATIVE),
             n_calls=args.n_calls or quick.get("n_calls") or (20 if gpu else 4),
             eager_calls=args.eager_calls or quick.get("eager_calls") or (20 if gpu else 5),
             requested=_csv(args.impl), prefill=args.prefill, pool_gb=args.pool_gb, seed=args.seed,

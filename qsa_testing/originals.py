@@ -36,7 +36,6 @@ VLLM_VERSION = VERSIONS[0]  # the default: what the project reproduces (goldens,
 MODULE_PATH_IN_WHEEL = "vllm/models/qwen4_exp/nvidia/ops/qsa.py"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CACHE_ROOT = REPO_ROOT / ".cache" / "originals"
-DEFAULT_DIR = CACHE_ROOT / f"vllm-{VLLM_VERSION}"  # kept for callers of the one-version API
 
 
 class OriginalsUnavailable(RuntimeError):

@@ -15,8 +15,6 @@ from qsa_torch_shim import ops as _ops
 from qsa_torch_shim._warmup import _select_config as _select_config_034
 from qsa_torch_shim.ops import qsa_compress_groups_with_ratio, qsa_store_cache_rows, warmup_rows
 
-VLLM_SURFACE = "0.30.0"
-
 __all__ = [
     "qsa_compress_groups_with_ratio",
     "qsa_sparse_paged_attention",

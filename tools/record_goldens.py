@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from qsa_jax.arg_specs import INDEXER_RING, INDEXER_RING_SPECULATIVE  # noqa: E402
 from qsa_testing import cases as C  # noqa: E402
 from qsa_testing.golden_cases import (  # noqa: E402,F401  (re-exported for tests)
     V034_CASES, V034_KINDS, V034_SCALES, sha256, sparse_golden_cases, v034_cache)
@@ -37,7 +38,7 @@ from qsa_testing.torch_interop import to_numpy as _numpy, to_torch as _torch  # 
 def compress_golden_cases() -> list[C.CompressCase]:
     rng = np.random.default_rng(7)
     out = []
-    for ring in (4, 8):
+    for ring in (INDEXER_RING, INDEXER_RING_SPECULATIVE):
         for rope in (True, False):
             tag = f"s{ring}_{'rope' if rope else 'norope'}"
             out.append(C.compress_case(rng, name=f"decode_{tag}", chunk_lens=[1] * 9, ring=ring,

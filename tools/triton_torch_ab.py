@@ -17,11 +17,12 @@ pool; fp8: e4m3 with scales 0.5 / 2.0, where only 0.34.0 has a path):
 
 ``--summarize JSON``: one line per case of a written ``triton_torch_ab.json`` (no GPU needed).
 
-``--prefetch-off``: a second pass per row count with ``qsa_jax.config.triton_prefetch``
-forced False (the jax-triton kernels' next-tile index prefetch off; 0.34.0's kernel has none),
-the originals timed again in that pass. ``--f16-dot``: likewise with
-``config.triton_fp8_keys_f16_dot`` forced True (fp8's q.K^T as an fp16 dot; session 14),
-for fp8 caches only (a bf16 cache has no such path). Each pass's columns are compared with
+``--prefetch-on``: a second pass per row count with ``qsa_jax.config.triton_prefetch``
+forced True (the jax-triton kernels' next-tile index prefetch, off by default since session
+11; 0.34.0's kernel has none), the originals timed again in that pass. ``--f16-dot on|off``:
+likewise with ``config.triton_fp8_keys_f16_dot`` forced on or off (fp8's q.K^T as an fp16
+dot; session 14; on by default where G <= 8 since session 17), for fp8 caches only (a bf16
+cache has no such path). Each pass's columns are compared with
 the first original of that pass (``diff``, the same inputs in both passes): where the default
 pass shows diff 0 against 0.34.0, the knob pass's diff 0 means bit-identical to it too;
 elsewhere equal diffs are only a hint. A variant line says which pass it is.
@@ -166,8 +167,8 @@ def main() -> int:
     ap.add_argument("--tp", default="TP1,TP4")
     ap.add_argument("--kv", default="bf16,fp8")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--prefetch-off", action="store_true")
-    ap.add_argument("--f16-dot", action="store_true")
+    ap.add_argument("--prefetch-on", action="store_true")
+    ap.add_argument("--f16-dot", choices=("on", "off"), default=None)
     ap.add_argument("--summarize", metavar="JSON", default=None,
                     help="print one line per case of a written triton_torch_ab.json (split kernel, busy and "
                          "eager ratios of the default route against the case's original) and exit")
@@ -186,10 +187,11 @@ def main() -> int:
 
     # Each pass: its name (None: the defaults) and the config functions it replaces.
     passes = [(None, {})]
-    if a.prefetch_off:
-        passes.append(("prefetch off", dict(triton_prefetch=lambda *_: False)))
+    if a.prefetch_on:
+        passes.append(("prefetch on", dict(triton_prefetch=lambda *_: True)))
     if a.f16_dot:
-        passes.append(("fp16 q.K^T", dict(triton_fp8_keys_f16_dot=lambda *_: True)))
+        on = a.f16_dot == "on"
+        passes.append((f"fp16 q.K^T {a.f16_dot}", dict(triton_fp8_keys_f16_dot=lambda *_, on=on: on)))
     defaults = {name: getattr(config, name) for _, knobs in passes for name in knobs}
 
     def set_pass(knobs: dict):
@@ -213,7 +215,7 @@ def main() -> int:
             print("|---|---|---|---|---|---|---|")
             for rows in (int(r) for r in a.rows.split(",")):
                 for variant, knobs in passes:
-                    if variant == "fp16 q.K^T" and kv != "fp8":
+                    if variant and variant.startswith("fp16 q.K^T") and kv != "fp8":
                         continue
                     set_pass(knobs)
                     P.TRITON_PATHS.reset()

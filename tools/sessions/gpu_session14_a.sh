@@ -23,7 +23,7 @@ timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
   tests/test_fp8.py -k "knob_is_bit_identical and triton" > "$OUT/knob_bits.log" 2>&1
 echo "knob bit-identity rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/knob_bits.log" | tail -4
 timeout -s INT 300 python3 tools/triton_torch_ab.py --rows 64,512,1024,2048,4096 --tp TP1,TP4 --kv bf16,fp8 \
-  --f16-dot --out "$OUT/ab" 2>&1 | grep -v -i warn > "$OUT/ab.log"; echo "ab rc=$?"
+  --f16-dot on --out "$OUT/ab" 2>&1 | grep -v -i warn > "$OUT/ab.log"; echo "ab rc=$?"
 python3 tools/triton_torch_ab.py --summarize "$OUT/ab/triton_torch_ab.json"
 # The knob at other launches than the table's (it may move the best launch): jax-triton through
 # JAX, same selections, knob off then on, bit-identity per launch, against 0.34.0 at its tiling.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Session 7, call C (one device call, <= ~9.7 min), in order of need:
-#  1. the shim's GPU ordering / in-place tests on both out= routes (tools/gpu_shim7.sh step 1),
+#  1. the shim's GPU ordering / in-place tests on both out= routes (tools/sessions/gpu_shim7.sh step 1),
 #  2. the fp8 kernel knobs against 0.34.0 at 256/1024/2048 programs, each output checked bit
-#     for bit against the knobs off (tools/gpu_fp8_kernel7.sh step 2),
-#  3. the shim's eager grid against the originals (tools/gpu_shim7.sh step 2),
-#  4. bench.backward with order="inverted" (tools/gpu_backward7.sh step 2, plus the XLA
+#     for bit against the knobs off (tools/sessions/gpu_fp8_kernel7.sh step 2),
+#  3. the shim's eager grid against the originals (tools/sessions/gpu_shim7.sh step 2),
+#  4. bench.backward with order="inverted" (tools/sessions/gpu_backward7.sh step 2, plus the XLA
 #     backward's jax.grad in the same run), with what time is left.
 # Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_session7_c.sh
 source tools/gpu_env.sh

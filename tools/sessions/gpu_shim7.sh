@@ -3,7 +3,7 @@
 # that guard stream order and in-place writes on both out= routes, then the eager grid of
 # the originals against the shim's routes (TP1 at 1, 8, 64, 512, 2048 rows), then the
 # single-shape profile (TP1 1 row) with the new pieces. About 3 minutes.
-# Usage (device tool; carry .whl .cache/originals): bash tools/gpu_shim7.sh
+# Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_shim7.sh
 source tools/gpu_env.sh
 set -o pipefail
 timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_shim*.py \

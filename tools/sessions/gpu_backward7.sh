@@ -8,7 +8,7 @@
 #      pool) and for 1 request (one long sequence): forward, backward (default, selection
 #      walk), backward inverted (32 and 64 lanes), grad pallas (default) and grad pallas with order=inverted
 #      -> $OUT/<card>_<date>/backward7/{backward.json,backward.md,bench_backward.log,gpu_tests.log}
-# Usage (device tool; no carry needed): bash tools/gpu_backward7.sh
+# Usage (device tool; no carry needed): bash tools/sessions/gpu_backward7.sh
 # Knobs: BWD7_TESTS=0 skips 1; BWD_VARIANTS (default inverted,inverted:16:8:0:64: 32 and 64 lanes),
 # BWD_ARGS (extra bench flags); TESTS_TIMEOUT / BENCH_TIMEOUT (default 80 / 150 s).
 source tools/gpu_env.sh

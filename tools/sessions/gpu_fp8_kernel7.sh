@@ -8,8 +8,8 @@
 #     against "off" on the first call's output).
 #  3. TP1 1024 programs at 0.34.0's own tiling (bn32 / 4 splits / 1 warp): keys_f16_dot alone, both:
 #     the kernels compared like for like.
-# Usage (device tool; carry .whl .cache/originals): bash tools/gpu_fp8_kernel7.sh   (~4-5 min;
-# NCU=1 bash tools/gpu_fp8_kernel7.sh adds step 4)
+# Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_fp8_kernel7.sh   (~4-5 min;
+# NCU=1 bash tools/sessions/gpu_fp8_kernel7.sh adds step 4)
 source tools/gpu_env.sh
 set -o pipefail
 timeout 120 python3 -m pytest -q -m gpu tests/test_fp8.py -p no:cacheprovider \
