@@ -124,7 +124,7 @@ def test_a_shard_takes_the_tiling_of_its_own_shape():
     assert select_config(512, 2, False, 2051) != select_config(128, 1, False, 2051)
     for (rows, local_rows), prefill in (((8192, 4096), True), ((512, 128), False)):
         local = arrays(local_rows, 12, 1)
-        for explicit in (None, (64, 4, 8, 2)):
+        for explicit in (None, (64, 4, 33, 2)):
             q, (kv,), *rest = arrays(rows, 24, 2)
             problem = check_sparse_attention_args(q, kv, *rest, use_prefill_config=prefill, config=explicit)
             seen = []
