@@ -569,6 +569,8 @@ def vmap_checks(implementation, results):
         except Exception:  # noqa: BLE001
             results.append({"name": name, "problem": traceback.format_exc(limit=4)})
 
+    _vmap_edge_checks(implementation, results, case, qs, kvs, gates, attend)
+
     name = f"vmap/{implementation}/nested-2x2/heads"  # vmap of vmap: two batch roles
     try:
         mesh = make_mesh((2,), ("model",))
@@ -627,6 +629,59 @@ def vmap_checks(implementation, results):
         results.append({"name": name, "problem": traceback.format_exc(limit=4)})
 
 
+def _vmap_edge_checks(implementation, results, case, qs, kvs, gates, attend):
+    """vmap on an Auto mesh where the layout is not uniform (a review's cases): a StridedQuery
+    with the batch split; the batch split on some batched arguments and whole on others (those
+    are resliced, no collective); a gate viewed as [R, D, H] with rows split; and the batch of
+    one argument on the mesh axis that splits another's rows, refused naming the axis."""
+    li, bt, t2r = (jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
+    batch, rows = qs.shape[0], qs.shape[1]
+
+    def per_example(fn, *batched):
+        return [fn(*(x[i] for x in batched)) for i in range(batch)]
+
+    def check(name, fn, args, want, allowed=()):
+        try:
+            jitted = jax.jit(jax.vmap(fn))
+            problem = None if _batch_bits_equal(jitted(*args), want) else "not bit-identical"
+            found = [c for c in collectives_in(jitted, *args) if c not in allowed]
+            results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
+        except Exception:  # noqa: BLE001
+            results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+
+    mesh = make_mesh((2,), ("data",))
+    # q read in place from a wider [R, 2 * H * D] table (its first H * D columns)
+    tables = jnp.concatenate([qs.reshape(batch, rows, -1), -qs.reshape(batch, rows, -1)], axis=2)
+
+    def strided(table, kv, gate):
+        q = qsa_jax.StridedQuery.from_columns(table, start=0, num_heads=HEADS, head_dim=DIM)
+        return qsa_jax.sparse_attention(q, kv, li, bt, t2r, gate, implementation=implementation)
+
+    check(f"vmap/{implementation}/StridedQuery/batch2", strided,
+          (put(mesh, tables, "data"), put(mesh, kvs, "data"), put(mesh, gates, "data")),
+          per_example(strided, tables, kvs, gates))
+    mesh2 = make_mesh((2, 2), ("data", "model"))
+    check(f"vmap/{implementation}/batch-split-on-some", lambda q, kv, g: attend(q, kv, g, None),
+          (put(mesh2, qs, "data", None, "model"), put(mesh2, kvs, None, None, "model"),
+           put(mesh2, gates, "data", None, "model")),
+          per_example(lambda q, kv, g: attend(q, kv, g, None), qs, kvs, gates))
+    views = gates.reshape(batch, rows, DIM, HEADS)  # vLLM's view_as reads it as [R, H, D]
+    check(f"vmap/{implementation}/gate-view-RDH/rows2", lambda q, kv, g: attend(q, kv, g, None),
+          (put(mesh, qs, None, "data"), put(mesh, kvs), put(mesh, views, None, "data")),
+          per_example(lambda q, kv, g: attend(q, kv, g.reshape(rows, HEADS, DIM), None), qs, kvs, views))
+    name = f"vmap/{implementation}/batch-and-rows-on-one-axis"
+    try:
+        tables_b = jnp.stack([bt, jnp.roll(bt, 1, axis=0)])  # the block table batched, its batch on "data"
+        fn = jax.jit(jax.vmap(lambda q, l, b, t, g: qsa_jax.sparse_attention(
+            q, kvs[0], l, b, t, g, implementation=implementation), in_axes=(None, None, 0, None, None)))
+        jax.block_until_ready(fn(put(mesh, qs[0], "data"), put(mesh, li, "data"), put(mesh, tables_b, "data"),
+                                 put(mesh, t2r, "data"), put(mesh, gates[0], "data")))  # rows on "data" too
+        results.append({"name": name, "problem": "ran: the batch and the rows on one mesh axis"})
+    except Exception as e:  # noqa: BLE001 - XLA wraps the partitioner's MeshLayoutError
+        ok = "mesh axis 'data' splits both" in str(e)
+        results.append({"name": name, "problem": None if ok else traceback.format_exc(limit=4)})
+
+
 # --- layouts that must be refused -----------------------------------------
 
 def bad_layout_checks(results):
@@ -671,6 +726,11 @@ def bad_layout_checks(results):
         qsa_jax.sparse_attention, (strided, put(mesh, case.kv_cache), put(mesh, case.logical_indices, "data"),
                                    put(mesh, case.block_table), put(mesh, case.token_to_req, "data"),
                                    put(mesh, case.output_gate, "data")), "StridedQuery")
+    view = case.output_gate.reshape(ROWS, DIM, HEADS)  # vLLM's view_as reads it as [R, H, D]
+    cases["heads split, gate viewed as [R, D, H]"] = (
+        qsa_jax.sparse_attention, (put(mesh, case.q, None, "model"), put(mesh, kv4, None, "model"),
+                                   put(mesh, case.logical_indices), put(mesh, case.block_table),
+                                   put(mesh, case.token_to_req), put(mesh, view)), "view_as")
     explicit = make_mesh((2, 4), ("data", "model"), explicit=True)
     cases["explicit mesh: heads split, KV heads whole"] = (
         qsa_jax.sparse_attention, (put(explicit, case.q, None, "model"), put(explicit, case.kv_cache),

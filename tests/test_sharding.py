@@ -37,7 +37,10 @@ def test_every_case_passes(results):
     *(f"store/xla/{n}dev/" for n in (2, 4, 8)),
     "sparse_attention/pallas/", "compress/pallas/", "store/pallas/", "bad/",
     *(f"vmap/xla/{x}" for x in ("heads", "batch2xheads2", "batch2xheads2/explicit", "batch4/explicit",
-                                "rows2xheads2", "nested-2x2/heads", "store/pages-split", "compress/rows-split")),
+                                "rows2xheads2", "nested-2x2/heads", "store/pages-split", "compress/rows-split",
+                                "StridedQuery/batch2", "batch-split-on-some", "gate-view-RDH/rows2",
+                                "batch-and-rows-on-one-axis")),
+    "bad/heads split, gate viewed as [R, D, H]/",
 ])
 def test_layouts_covered(results, prefix):
     assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"

@@ -98,13 +98,23 @@ def _dims(sharding, ndim: int, where: str, op: str) -> tuple[tuple[str, ...], ..
     raise MeshLayoutError(f"{op}: {where} has sharding {sharding}; only NamedSharding layouts run per shard")
 
 
+def is_batch_role(role: str) -> bool:
+    """Whether ``role`` is the leading dimension a ``jax.vmap`` added (``batched_layout``)."""
+    return role.startswith("vmap")
+
+
 def resolve(layout: Layout, shapes, shardings, mesh_shape) -> dict[str, tuple[str, ...]]:
-    """Mesh axes of each split role; ``MeshLayoutError`` naming the argument that breaks the layout."""
+    """Mesh axes of each split role; ``MeshLayoutError`` naming the argument that breaks the layout.
+
+    A vmap's batch dimension split on some batched arguments and whole on others takes the
+    split (the whole ones are resharded to it: a local slice, no collective)."""
     op, found, first = layout.op, {}, {}
     why = dict(layout.why)
     for (name, roles), shape, sharding in zip(layout.args, shapes, shardings):
         where = f"{name} (shape {tuple(shape)}, {_spec_text(sharding)})"
         for dim, (role, axes) in enumerate(zip(roles, _dims(sharding, len(shape), where, op))):
+            if is_batch_role(role) and not axes:
+                continue
             if axes and role not in layout.shardable:
                 reason = why.get(name) or why.get(role) or "this operator cannot split it without collectives"
                 raise MeshLayoutError(
@@ -128,6 +138,17 @@ def resolve(layout: Layout, shapes, shardings, mesh_shape) -> dict[str, tuple[st
             raise MeshLayoutError(
                 f"{op}: {a} are split over mesh axes {found.get(a, ())} ({first.get(a)}) but {b} over "
                 f"{found.get(b, ())} ({first.get(b)}): {reason}")
+    # One array cannot split two of its dimensions over one mesh axis (a vmap's batch over the
+    # axis that splits, e.g., another argument's rows: every result carries both).
+    for name, roles in tuple(layout.args) + tuple(("the result", r) for r in layout.out):
+        used = [(a, role) for role in dict.fromkeys(roles) for a in found.get(role, ())]
+        for axis in {a for a, _ in used}:
+            both = [role for a, role in used if a == axis]
+            if len(both) > 1:
+                raise MeshLayoutError(
+                    f"{op}: mesh axis {axis!r} splits both {both[0]} ({first.get(both[0])}) and {both[1]} "
+                    f"({first.get(both[1])}), which {name} holds side by side: split them over "
+                    f"different mesh axes")
     return {role: axes for role, axes in found.items() if axes}
 
 
@@ -319,6 +340,9 @@ _KV_WHY = ("each device must hold the KV heads its query heads read: split q's a
            "repeat each KV head (qsa_jax.repeat_kv_heads) so that every shard holds its own copy")
 
 
+_GATE_VIEW_WHY = ("an output_gate that is neither [R, H, D] nor [R, H*D] is read as q's shape (vLLM's "
+                  "view_as), which a split of heads would cut elsewhere: pass it as [R, H, D] to split heads, "
+                  "or split only rows")
 _STRIDED_WHY = ("a StridedQuery is addressed by row and head inside its whole table; pass a compact q "
                 "to split rows or heads")
 
@@ -331,12 +355,15 @@ STEPS = ("forward", "forward_scaled", "residuals", "backward")
 
 
 @functools.lru_cache(maxsize=256)
-def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "forward") -> Layout:
+def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "forward",
+                     gate_like_q: bool = True) -> Layout:
+    """``gate_like_q``: the gate is [R, H, D] or [R, H * D]; else another view of R·H·D
+    elements per row (vLLM's ``view_as``), split over rows only."""
     q = ("strided_q_rows", "head_dim") if strided_q else (ROWS, HEADS, "head_dim")
     kv = ((("kv_cache", ("pages", KV_HEADS, "page_size", "head_dim")),) if fused else
           (("k_cache", ("pages", "page_size", KV_HEADS, "head_dim")),
            ("v_cache", ("pages", "page_size", KV_HEADS, "head_dim"))))
-    gate = (ROWS, HEADS, "head_dim")[:gate_ndim]
+    gate = (ROWS, HEADS, "head_dim")[:gate_ndim] if gate_like_q else (ROWS,) + ("gate_view",) * (gate_ndim - 1)
     args = (("q", q),) + kv + (("logical_indices", (ROWS, "selection")),
                                ("block_table", ("requests", "table_width")),
                                ("token_to_req", (ROWS,)),
@@ -354,20 +381,22 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "
         raise ValueError(f"attention_layout: step {step!r} is not one of {STEPS}")
     return Layout(
         "sparse_attention", args, out,
-        frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS}),
+        frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS} if gate_like_q else {ROWS}),
         ties=((HEADS, KV_HEADS, _KV_WHY),),
-        why=(("q", _STRIDED_WHY),
-             ("pages", "the block table names pages of the whole cache, so every device needs every "
+        why=(("q", _STRIDED_WHY),) * strided_q
+        + (("pages", "the block table names pages of the whole cache, so every device needs every "
                        "page a row may read (independent per-device caches: call the operator inside "
                        "jax.shard_map)"),
              ("requests", "every row may belong to any request"),
+             ("gate_view", _GATE_VIEW_WHY),
              (KV_HEADS, _KV_WHY))
-        + ((ROWS, _STRIDED_WHY), (HEADS, _STRIDED_WHY)) * strided_q)
+        + ((ROWS, _STRIDED_WHY), (HEADS, _STRIDED_WHY)) * strided_q
+        + ((HEADS, _GATE_VIEW_WHY), (KV_HEADS, _GATE_VIEW_WHY)) * (not gate_like_q))
 
 
 def _attention_local(static, axes, q, kv_arrays, *rest):
     fn, fn_args, problem, step = static
-    if axes:
+    if any(not is_batch_role(r) for r in axes):
         # The shard is a smaller problem of its own; its tiling comes from its
         # own rows x KV heads (as on one GPU of that tensor-parallel size)
         # unless the caller fixed config=.
@@ -404,7 +433,9 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
 def _attention_layout_of(problem, q, gate, step="forward") -> Layout:
     # q arrives as the query table: 2-D [N, D] for a StridedQuery (even one
     # whose table is exactly a compact q), 3-D [R, H, D] otherwise.
-    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step)
+    rows_heads = (problem.num_rows, problem.num_query_heads)
+    like_q = tuple(gate.shape) in (rows_heads + (problem.head_dim,), (rows_heads[0], rows_heads[1] * problem.head_dim))
+    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step, like_q)
 
 
 def sparse_attention(run_impl, problem, q, kv_arrays, logical_indices, block_table, token_to_req,

@@ -387,9 +387,9 @@ def check_sparse_attention_args(
     if _shape(token_to_req) != (rows,):
         raise ValueError(f"token_to_req must be [rows={rows}]; got shape {_shape(token_to_req)}")
     gs = _shape(output_gate)
-    if gs not in (qs, (rows, heads * d)):
-        raise ValueError(f"output_gate must have q's shape {qs} (or [rows, heads*head_dim] = "
-                         f"{(rows, heads * d)}); got {gs}")
+    # vLLM reads the gate with view_as(q): any shape of R·H·D elements, row-major.
+    if gs != qs and not (int(np.prod(gs)) == rows * heads * d and gs[:1] == (rows,)):
+        raise ValueError(f"output_gate must have q's shape {qs} (or [rows, heads*head_dim]); got {gs}")
 
     if q.dtype != jnp.bfloat16:
         raise TypeError(f"q must be bfloat16; got {q.dtype}")
