@@ -212,7 +212,7 @@ def batched_layout(layout: Layout, batched) -> Layout:
     """``layout`` with a leading dimension on every batched argument (``batched``: one flag per
     array, in flattening order) and on every result: a role of its own, which may be split
     (each device then runs its share of the batch; nothing is exchanged)."""
-    role = f"vmap{sum(r.startswith('vmap') for r in layout.shardable)}"  # nested vmaps: vmap0, vmap1, ...
+    role = f"vmap{sum(map(is_batch_role, layout.shardable))}"  # nested vmaps: vmap0, vmap1, ...
     return dataclasses.replace(
         layout, args=tuple((name, (role,) * b + roles) for (name, roles), b in zip(layout.args, batched)),
         out=tuple((role,) + roles for roles in layout.out), shardable=layout.shardable | {role})
@@ -433,9 +433,9 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
 def _attention_layout_of(problem, q, gate, step="forward") -> Layout:
     # q arrives as the query table: 2-D [N, D] for a StridedQuery (even one
     # whose table is exactly a compact q), 3-D [R, H, D] otherwise.
-    rows_heads = (problem.num_rows, problem.num_query_heads)
-    like_q = tuple(gate.shape) in (rows_heads + (problem.head_dim,), (rows_heads[0], rows_heads[1] * problem.head_dim))
-    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step, like_q)
+    # The gate as [R, H, D] or [R, H * D] splits like q; any other view of it by rows only.
+    r, h, d = problem.num_rows, problem.num_query_heads, problem.head_dim
+    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step, tuple(gate.shape) in ((r, h, d), (r, h * d)))
 
 
 def sparse_attention(run_impl, problem, q, kv_arrays, logical_indices, block_table, token_to_req,
