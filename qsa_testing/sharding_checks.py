@@ -571,41 +571,26 @@ def vmap_checks(implementation, results):
 
     _vmap_edge_checks(implementation, results, case, qs, kvs, gates, attend)
 
-    name = f"vmap/{implementation}/nested-2x2/heads"  # vmap of vmap: two batch roles
-    try:
+    def nested():  # vmap of vmap: two batch roles
         mesh = make_mesh((2,), ("model",))
         q22, g22 = qs.reshape(2, 2, *qs.shape[1:]), gates.reshape(2, 2, *gates.shape[1:])
         args = (put(mesh, q22, None, None, None, "model"), put(mesh, kvs[0], None, "model"),
-                put(mesh, g22, None, None, None, "model"))
+                put(mesh, g22, None, None, None, "model"), None)
         jitted = jax.jit(jax.vmap(jax.vmap(attend, in_axes=(0, None, 0, None)), in_axes=(0, None, 0, None)))
-        args += (None,)
-        got = np.asarray(jitted(*args))
-        want = [attend(q22[i, j], kvs[0], g22[i, j], None) for i in range(2) for j in range(2)]
-        problem = None if _batch_bits_equal(got.reshape(4, *got.shape[2:]), want) else "not bit-identical"
-        found = collectives_in(jitted, *args)
-        results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
-    except Exception:  # noqa: BLE001
-        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+        want = [jnp.stack([attend(q22[i, j], kvs[0], g22[i, j], None) for j in range(2)]) for i in range(2)]
+        return jitted, args, want
 
-    name = f"vmap/{implementation}/store/pages-split"  # a batch of caches, pages split
-    try:
+    def store():  # a batch of caches, pages split
         sc = store_case(np.random.default_rng(22), n=24, pages=16, page_size=4, width=24)
         caches = jnp.stack([jnp.asarray(sc.cache), -jnp.asarray(sc.cache)])
-        mesh = make_mesh((4,), ("pages",))
 
-        def store(cache):
+        def one(cache):
             return qsa_jax.store_cache_rows(cache, sc.slot_mapping, sc.rows, implementation=implementation)
 
-        jitted = jax.jit(jax.vmap(store))
-        args = (put(mesh, caches, None, "pages"),)
-        problem = None if _batch_bits_equal(jitted(*args), [store(c) for c in caches]) else "not bit-identical"
-        found = collectives_in(jitted, *args)
-        results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
-    except Exception:  # noqa: BLE001
-        results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+        return jax.jit(jax.vmap(one)), (put(make_mesh((4,), ("pages",)), caches, None, "pages"),), [
+            one(c) for c in caches]
 
-    name = f"vmap/{implementation}/compress/rows-split"  # a batch of raw keys, rows split (the halo)
-    try:
+    def compress():  # a batch of raw keys, rows split (the halo)
         cc = compress_case(np.random.default_rng(23), chunk_lens=[5, 7, 3, 9], edge=True)
         a = cc.arrays()
         order = ("raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
@@ -615,13 +600,23 @@ def vmap_checks(implementation, results):
         per_row = {"token_to_req", "logical_positions", "compressed_slots"}
         rest = [put(mesh, a[k], "data" if k in per_row else None) for k in order[1:]]
 
-        def compress(raw_keys, *others):
+        def one(raw_keys, *others):
             return qsa_jax.compress_groups_with_ratio(raw_keys, *others, cc.compress_ratio, a["rope_cache"],
                                                       implementation=implementation)
 
-        jitted = jax.jit(jax.vmap(compress, in_axes=(0,) + (None,) * len(rest)))
-        args = (put(mesh, keys),) + tuple(rest)
-        want = [compress(k, *(a[o] for o in order[1:])) for k in keys]
+        jitted = jax.jit(jax.vmap(one, in_axes=(0,) + (None,) * len(rest)))
+        return jitted, (put(mesh, keys),) + tuple(rest), [one(k, *(a[o] for o in order[1:])) for k in keys]
+
+    _vmap_case(results, f"vmap/{implementation}/nested-2x2/heads", nested)
+    _vmap_case(results, f"vmap/{implementation}/store/pages-split", store)
+    _vmap_case(results, f"vmap/{implementation}/compress/rows-split", compress)
+
+
+def _vmap_case(results, name, make):
+    """One vmap-on-a-mesh case: ``make()`` -> (jitted, args, per-example results), compared bit for
+    bit, and no collective in the compiled program."""
+    try:
+        jitted, args, want = make()
         problem = None if _batch_bits_equal(jitted(*args), want) else "not bit-identical"
         found = collectives_in(jitted, *args)
         results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
@@ -640,14 +635,8 @@ def _vmap_edge_checks(implementation, results, case, qs, kvs, gates, attend):
     def per_example(fn, *batched):
         return [fn(*(x[i] for x in batched)) for i in range(batch)]
 
-    def check(name, fn, args, want, allowed=()):
-        try:
-            jitted = jax.jit(jax.vmap(fn))
-            problem = None if _batch_bits_equal(jitted(*args), want) else "not bit-identical"
-            found = [c for c in collectives_in(jitted, *args) if c not in allowed]
-            results.append({"name": name, "problem": problem or (f"compiled program holds {found}" if found else None)})
-        except Exception:  # noqa: BLE001
-            results.append({"name": name, "problem": traceback.format_exc(limit=4)})
+    def check(name, fn, args, want):
+        _vmap_case(results, name, lambda: (jax.jit(jax.vmap(fn)), args, want))
 
     mesh = make_mesh((2,), ("data",))
     # q read in place from a wider [R, 2 * H * D] table (its first H * D columns)

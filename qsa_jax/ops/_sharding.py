@@ -248,14 +248,15 @@ def _explicit_mesh(leaves):
     return None
 
 
-def _per_shard(layout, local, static, *arrays):
-    mesh = _explicit_mesh(jax.tree.leaves(arrays))
+def _per_shard(layout, local, static, mesh, *arrays):
+    """Per shard: by custom_partitioning, or with ``mesh`` (the arguments' Explicit mesh) by
+    shard_map."""
     if mesh is None:
         return _call(layout, local, static, *arrays)
     return _explicit_call(mesh, layout, local, static, *arrays)
 
 
-def _batchable(layout, local, static, *arrays):
+def _batchable(layout, local, static, mesh, *arrays):
     """``_per_shard`` that ``jax.vmap`` can batch. custom_partitioning has no batching rule,
     and shard_map's cannot batch the implementations over an Explicit batch split; this rule
     makes the batch a leading dimension of the layout, so a batched call on a mesh still runs
@@ -263,30 +264,29 @@ def _batchable(layout, local, static, *arrays):
 
     @jax.custom_batching.custom_vmap
     def call(*xs):
-        return _per_shard(layout, local, static, *xs)
+        return _per_shard(layout, local, static, mesh, *xs)
 
     @call.def_vmap
     def _batched(axis_size, in_batched, *xs):
         del axis_size
         in_axes = jax.tree.map(lambda b: 0 if b else None, tuple(in_batched))
         out = _batchable(batched_layout(layout, jax.tree.leaves(tuple(in_batched))),
-                         _Vmapped(local, in_axes), static, *xs)
+                         _Vmapped(local, in_axes), static, mesh, *xs)
         return out, jax.tree.map(lambda _: True, out)
 
     return call(*arrays)
 
 
-def _differentiable(layout, local, static, *arrays):
+def _differentiable(layout, local, static, mesh, *arrays):
     """``_batchable`` that JAX can differentiate: custom_partitioning has no differentiation
     rule, so a differentiated call (e.g. the backward of the XLA implementation under a
     second ``jax.grad``) runs the implementation whole, differentiated by JAX, as without a
     mesh (on an Explicit mesh: JAX differentiates the shard_map). First-order gradients never
     take this path: their ``custom_vjp`` calls the forward and backward steps undifferentiated."""
-    mesh = _explicit_mesh(jax.tree.leaves(arrays))
 
     @jax.custom_jvp
     def call(*xs):
-        return _batchable(layout, local, static, *xs)
+        return _batchable(layout, local, static, mesh, *xs)
 
     @call.defjvp
     def _jvp(primals, tangents):
@@ -300,16 +300,16 @@ def _differentiable(layout, local, static, *arrays):
 def run(layout: Layout, local: Callable, static, *arrays):
     """``local(static, axes, *arrays)`` on the whole arrays (one device, ``axes = {}``)
     or on each shard's arrays with ``axes`` = the mesh axes of every split role."""
+    mesh = _explicit_mesh(jax.tree.leaves(arrays))
     context = jax.sharding.get_abstract_mesh()
-    if (_explicit_mesh(jax.tree.leaves(arrays)) is None
-            and (context.manual_axes or jax.sharding.AxisType.Explicit in context.axis_types)):
+    if mesh is None and (context.manual_axes or jax.sharding.AxisType.Explicit in context.axis_types):
         # Inside a caller's shard_map: the arrays are local (XLA partitions any Auto axis left
         # automatic), and the partitioning wrappers would drop their manual-axes types
         # (check_vma=True); JAX differentiates and batches ``local`` itself, which types its
         # results (_vma). Under an Explicit mesh context (jax.set_mesh) with no argument typed
         # on it, everything is whole: custom_partitioning would not lower there.
         return local(static, {}, *arrays)
-    return _differentiable(layout, local, static, *arrays)
+    return _differentiable(layout, local, static, mesh, *arrays)
 
 
 def maybe_on_mesh(first) -> bool:
