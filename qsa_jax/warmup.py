@@ -16,17 +16,19 @@ compilation cache, so a second process starts warm.
 
 from __future__ import annotations
 
+import operator
 import os
 import pathlib
-from typing import Iterable
+import warnings
+from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from qsa_jax.arg_specs import MAX_WARMUP_ROWS
-from qsa_jax.config import first_rows, select_config
+from qsa_jax.config import TABLE_NAMES, PallasLaunch, TritonLaunch, first_rows, select_config
 from qsa_jax.ops.sparse_attention.api import sparse_attention
-from qsa_jax.ops.sparse_attention.base import as_kv_layout, kv_format
+from qsa_jax.ops.sparse_attention.base import as_kv_layout, check_tiling, kv_format
 
 DEFAULT_CACHE_DIR = pathlib.Path(os.environ.get("QSA_JAX_CACHE_DIR", "~/.cache/qsa_jax/xla")).expanduser()
 
@@ -41,11 +43,14 @@ def enable_persistent_cache(path: str | os.PathLike | None = None) -> pathlib.Pa
     return path
 
 
+def _powers_of_two(max_rows: int) -> list[int]:
+    return [2**i for i in range(max_rows.bit_length())]
+
+
 def default_row_counts(num_kv_heads: int, selection_width: int, max_rows: int = MAX_WARMUP_ROWS, *,
                        is_fp8: bool = False, table: str | None = None) -> list[int]:
     """Powers of two up to ``max_rows`` plus the first row count of every config."""
-    rows = {2**i for i in range(max_rows.bit_length()) if 2**i <= max_rows}
-    return sorted(rows | set(first_rows(num_kv_heads, selection_width, max_rows, is_fp8=is_fp8,
+    return sorted(set(_powers_of_two(max_rows)) | set(first_rows(num_kv_heads, selection_width, max_rows, is_fp8=is_fp8,
                                         table=table).values()))
 
 
@@ -59,6 +64,8 @@ def warmup(
     implementation: str | None = None,
     persistent_cache: bool | str | os.PathLike = True,
     with_scales: bool | None = None,
+    config: Sequence[int] | str | None = None,
+    launch: PallasLaunch | TritonLaunch | None = None,
     table: str | None = None,
 ) -> tuple[tuple[int, int, int], ...]:
     """Compile sparse attention for a deployment; return the warmed profiles.
@@ -72,15 +79,36 @@ def warmup(
       persistent_cache: True (default folder), a folder, or False.
       with_scales: compile the variant with k/v scales (vLLM 0.34.0's arithmetic).
         Default: True for an fp8 cache (which needs them), False for bf16.
-      table: the ``select_config`` table the server will use (``config=`` of
-        ``sparse_attention``): None for the default, "vllm-0.30", "vllm-0.34".
+      config, launch: as the server will pass them to ``sparse_attention``: ``config``
+        None (the default table), a table name ("vllm-0.30", "vllm-0.34") or an explicit
+        ``(block_n, num_warps, num_tiles, num_splits)``; ``launch`` a ``PallasLaunch`` /
+        ``TritonLaunch`` (pass ``implementation=`` with it). Executables are specialised on
+        both, so a server call with another ``config``/``launch`` compiles anew.
+      table: the old name of a table-name ``config`` (deprecated; not with ``config``).
 
     Returns:
       Sorted distinct ``(block_n, num_splits, num_warps)`` profiles, as the
       originals' warmup reports them.
     """
-    if persistent_cache:
-        enable_persistent_cache(None if persistent_cache is True else persistent_cache)
+    if table is not None:
+        if config is not None:
+            raise ValueError("warmup: pass the table as config= (table= is its deprecated name), not both")
+        warnings.warn("warmup(table=) is deprecated: pass config=, as to sparse_attention",
+                      DeprecationWarning, stacklevel=2)
+        config = table
+    # Checked as sparse_attention checks config= (errors name the field), before anything compiles.
+    explicit = None if config is None or isinstance(config, str) else check_tiling(config, selection_width)
+    if isinstance(config, str) and config not in TABLE_NAMES:
+        raise ValueError(f"warmup: config must be a tiling (block_n, num_warps, num_tiles, num_splits), a "
+                         f"table name {TABLE_NAMES} or None; got {config!r}")
+    table = config if isinstance(config, str) else None
+    if row_counts is not None:
+        try:
+            row_counts = [operator.index(r) for r in row_counts]
+        except TypeError:
+            raise TypeError(f"warmup: row_counts must be ints >= 0; got {row_counts!r}") from None
+        if any(r < 0 for r in row_counts):
+            raise ValueError(f"warmup: row_counts must be ints >= 0; got {row_counts!r}")
     layout, arrays = as_kv_layout(kv)
     hk, d = layout.num_kv_heads, layout.head_dim
     is_fp8 = kv_format(arrays) != "bf16"
@@ -89,8 +117,14 @@ def warmup(
         raise ValueError("with_scales=False: an fp8 kv cache is only ever called with k_scale and v_scale")
     # Values do not matter: the scales are operands of the compiled code, not constants.
     scales = dict(k_scale=1.0, v_scale=1.0) if with_scales else {}
-    rows_list = sorted(set(row_counts)) if row_counts is not None else default_row_counts(
-        hk, selection_width, is_fp8=is_fp8, table=table)
+    if persistent_cache:
+        enable_persistent_cache(None if persistent_cache is True else persistent_cache)
+    if row_counts is not None:
+        rows_list = sorted(set(row_counts))
+    elif explicit is not None:  # one tiling at every row count: the powers of two
+        rows_list = _powers_of_two(MAX_WARMUP_ROWS)
+    else:
+        rows_list = default_row_counts(hk, selection_width, is_fp8=is_fp8, table=table)
     pages = jnp.asarray(block_table)
     profiles = set()
     for rows in rows_list:
@@ -99,10 +133,11 @@ def warmup(
         indices = jnp.full((rows, selection_width + 1), -1, jnp.int32).at[:, -1].set(0)
         req = jnp.zeros((rows,), jnp.int32)
         for flag in (False, True):
-            cfg = select_config(rows, hk, flag, selection_width, is_fp8, table=table)
-            if flag and rows * hk <= 2048:
-                continue  # same config as flag=False: already compiled
-            sparse_attention(q, kv, indices, pages, req, q, use_prefill_config=flag, config=table,
-                             implementation=implementation, **scales).block_until_ready()
+            if flag and (explicit is not None or rows * hk <= 2048):
+                continue  # the flag picks nothing here: the same executable as flag=False
+            cfg = explicit or select_config(rows, hk, flag, selection_width, is_fp8, table=table)
+            sparse_attention(q, kv, indices, pages, req, q, use_prefill_config=flag,
+                             config=config if explicit is None else tuple(explicit),
+                             implementation=implementation, launch=launch, **scales).block_until_ready()
             profiles.add((cfg.block_n, cfg.num_splits, cfg.num_warps))
     return tuple(sorted(profiles))
