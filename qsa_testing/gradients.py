@@ -47,3 +47,23 @@ def relative_error(x, ref) -> float:
 def error_over_floor(x, ref) -> float:
     """err(x) / err(bf16 floor) against the float64 ``ref``."""
     return relative_error(x, ref) / relative_error(jnp.asarray(ref, jnp.bfloat16), ref)
+
+
+# vLLM 0.34's arithmetic (k/v scales and an e4m3 cache; tests/test_backward_scaled.py).
+# Measured on CPU (three seeds x fused/split x inverted/selection walk, scales 0.5 / 2.0):
+# dq xla 1.08-1.35x, pallas 1.24-2.18x the bf16 floor (the fp8 forward's fp16 P.V and its
+# residual attention feed dS); dgate 1.11-1.55x; an e4m3 cache's cotangent 1.000-1.018x the
+# e4m3 floor (rounding to e4m3 dominates); the scales' cotangents 0.01-0.57x the floor of a
+# sum of once-rounded terms (``scale_error_over_floor``).
+SCALED_BF16_BAR = {"xla": {"q": 1.6, "gate": 2.3, "scales": 1.0},
+                   "pallas": {"q": 2.6, "gate": 2.3, "scales": 1.0}}
+E4M3_KV_BAR = 1.05
+# bf16's unit roundoff: the floor of a sum is this times the sum of its terms' magnitudes.
+BF16_UNIT = 2.0 ** -9
+
+
+def scale_error_over_floor(mine: float, exact: float, terms: float) -> float:
+    """|mine - exact| over the error bound of a sum whose terms are each rounded to bf16
+    once, u * sum |term| (a scale's cotangent is a sum over rows and heads, with heavy
+    cancellation: relative to its own value the error says little)."""
+    return abs(mine - exact) / (BF16_UNIT * terms)

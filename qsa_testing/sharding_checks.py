@@ -29,6 +29,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import qsa_jax
 from qsa_jax.config import select_config
+from qsa_jax.ops.sparse_attention.base import LOG2_E
 from qsa_testing.cases import (E4M3, add_edge_rows, compress_case, poison_unreferenced, sparse_attention_case,
                                store_case)
 from qsa_testing.gradients import BF16_BAR, error_over_floor, float64_gradients
@@ -248,7 +249,7 @@ def mesh_case(shape, names, rows_ax, heads_ax, fused, explicit, seed, kv_dtype=N
     return MeshCase(mesh, rows_ax, heads_ax, fused, shards, config, case, kv)
 
 
-def per_shard_reference(shards, fused, case, kv, d_out, call):
+def per_shard_reference(shards, fused, case, kv, d_out, call, kv_round=jnp.bfloat16):
     """What a sharded call must give, from one-device calls on each shard's arrays:
     ``call(q, kv, logical_indices, token_to_req, gate, d_out)`` -> (out, ) or (out, dq, dkv,
     dgate) with dkv unrounded (fp32, ``shard_kv_cotangent``). Row x head blocks are placed;
@@ -267,7 +268,8 @@ def per_shard_reference(shards, fused, case, kv, d_out, call):
             for whole, part in zip(jax.tree.leaves(dkv), leaves):
                 whole[(slice(None), k) if fused else (slice(None), slice(None), k)] += np.asarray(part)
     bf = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16))  # noqa: E731
-    return (bf(out[0]), bf(out[1]), jax.tree.map(bf, dkv), bf(out[2]))
+    return (bf(out[0]), bf(out[1]), jax.tree.map(lambda x: np.asarray(jnp.asarray(x).astype(kv_round)), dkv),
+            bf(out[2]))
 
 
 def vjp_call(implementation, config=None):
@@ -418,6 +420,85 @@ def _scaled_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, impl
             eager = compare(name, call(*args), want, jitted, args)
             problem = eager and "eager call: " + eager
         return {"name": name, "problem": problem}
+    except Exception:  # noqa: BLE001 - reported as the case's problem
+        return {"name": name, "problem": traceback.format_exc(limit=4)}
+
+
+def scaled_gradient_checks(n, implementation, results, layouts, explicit_too=False):
+    """jax.vjp of vLLM 0.34's arithmetic on a mesh (an e4m3 cache, traced k/v scales): out, dq and
+    dgate equal the shards' own one-device vjps bit for bit; the e4m3 cache cotangent is their
+    fp32 sum over row shards rounded once to e4m3; the scales' cotangents are the sum of the
+    shards' (to fp32 rounding: an all-reduce over every axis that splits rows or heads, the
+    program's only collective)."""
+    for run in layout_runs(n, implementation, layouts, explicit_too, "/fp8-scaled-vjp"):
+        name, rest = run[0], run[1:]
+        results.append(_scaled_vjp_case(name, n, *rest, implementation))
+
+
+def _scaled_vjp(implementation, config=None):
+    """(q, kv, li, bt, t2r, gate, k_scale, v_scale, d_out) -> (out, dq, dkv, dgate, dk_scale, dv_scale)."""
+    def f(q, kv, li, bt, t2r, gate, ks, vs, d_out):
+        out, pull = jax.vjp(lambda q, kv, gate, ks, vs: qsa_jax.sparse_attention(
+            q, kv, li, bt, t2r, gate, config=config, implementation=implementation, k_scale=ks, v_scale=vs),
+            q, kv, gate, ks, vs)
+        return (out, *pull(d_out))
+    return f
+
+
+def _scaled_vjp_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, implementation):
+    from qsa_jax.ops.sparse_attention import api
+    from qsa_jax.ops.sparse_attention import backward as B
+    from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward
+
+    try:
+        mc = mesh_case(shape, names, rows_ax, heads_ax, fused, explicit, seed=70 + n, kv_dtype=E4M3)
+        case = mc.case
+        d_out = np.random.default_rng(len(name)).standard_normal(case.q.shape).astype(case.q.dtype)
+        ks, vs = jnp.float32(0.5), jnp.float32(2.0)
+        scale_sums = np.zeros(2, np.float64)
+
+        def one_device(q, kv_, li, t2r, gate, d):
+            li, bt, t2r, d = jnp.asarray(li), jnp.asarray(case.block_table), jnp.asarray(t2r), jnp.asarray(d)
+            # jitted: the scales traced, as in the sharded call (host scales round D^-0.5 k_scale
+            # from float64 instead: an ulp apart).
+            out, dq, _, dgate, dks, dvs = jax.jit(_scaled_vjp(implementation, mc.config))(
+                q, kv_, li, bt, t2r, gate, ks, vs, d)
+            scale_sums[:] += (float(dks), float(dvs))
+            # The cache cotangent before its rounding to e4m3: the gradient's own steps (an fp8
+            # cache's backward returns fp32).
+            kv_arrays = kv_ if isinstance(kv_, tuple) else (kv_,)
+            problem, impl = api._plan(q, kv_, li, bt, t2r, gate, use_prefill_config=False,
+                                      config=tuple(mc.config), implementation=implementation,
+                                      scales_given=(True, True))
+            scales = jnp.stack([(jnp.float32(problem.head_dim ** -0.5) * ks) * jnp.float32(LOG2_E), vs])
+            backward = B.xla_backward if impl == "xla" else pallas_backward
+
+            @jax.jit
+            def dkv_f32(q, kv_arrays, gate, d):
+                _, attention, lse = B.forward_with_residuals(problem, impl, q, kv_arrays, li, bt, t2r, gate, scales)
+                return backward(problem, q, kv_arrays, li, bt, t2r, gate, attention, lse, d, scales)[1]
+
+            dkv = dkv_f32(q, kv_arrays, gate, d)
+            return out, dq, dkv if isinstance(kv_, tuple) else dkv[0], dgate
+
+        want = per_shard_reference(mc.shards, fused, case, mc.kv, d_out, one_device, kv_round=E4M3)
+        args = (mc.rows_heads(case.q), mc.kv_on_mesh(), mc.rows(case.logical_indices), put(mc.mesh, case.block_table),
+                mc.rows(case.token_to_req), mc.rows_heads(case.output_gate), ks, vs, mc.rows_heads(d_out))
+        jitted = jax.jit(_scaled_vjp(implementation))
+        got = jitted(*args)
+        for label, g, w in zip(("out", "dq", "dkv", "dgate"), got[:4], want):
+            for gl, wl in zip(jax.tree.leaves(g), jax.tree.leaves(w)):
+                wl = wl.reshape(gl.shape) if gl.size == wl.size else wl
+                if gl.shape != wl.shape or not np.array_equal(bits(gl), bits(wl)):
+                    return {"name": name, "problem": f"{label} differs from the shards' one-device vjps "
+                                                     f"({int(np.sum(bits(gl) != bits(wl)))} elements)"}
+        mine = np.array([float(got[4]), float(got[5])])
+        if not np.allclose(mine, scale_sums, rtol=1e-5, atol=0):
+            return {"name": name, "problem": f"scale cotangents {mine} against the shards' sum {scale_sums}"}
+        found = set(collectives_in(jitted, *args))
+        if found != {"all-reduce"}:
+            return {"name": name, "problem": f"compiled program holds {sorted(found)}, not one kind: all-reduce"}
+        return {"name": name, "problem": None}
     except Exception:  # noqa: BLE001 - reported as the case's problem
         return {"name": name, "problem": traceback.format_exc(limit=4)}
 
@@ -803,6 +884,7 @@ def main(argv=None) -> int:
     # Rows over two mesh axes, the gate as [R, H * D], an Explicit mesh with rows split.
     gradient_checks(8, "xla", results, [ROWS_OVER_TWO_AXES], explicit_too=True)
     scaled_checks(4, "xla", results, attention_layouts(4), explicit_too=True)
+    scaled_gradient_checks(4, "xla", results, attention_layouts(4), explicit_too=True)
     vmap_checks("xla", results)
     if "--pallas" in argv:  # the interpreter is slow: one layout of each kind
         attention_checks(8, "pallas", results, explicit_too=False,
@@ -813,6 +895,7 @@ def main(argv=None) -> int:
         gradient_checks(2, "pallas", results, [x for x in attention_layouts(2) if x[0] == "heads"],
                         fused_first=False)
         scaled_checks(8, "pallas", results, [x for x in attention_layouts(8) if x[0] == "rows4xheads2"])
+        scaled_gradient_checks(4, "pallas", results, [x for x in attention_layouts(4) if x[0] == "rows2xheads2"])
         compress_checks(2, "pallas", results)
         store_checks(4, "pallas", results)
     bad_layout_checks(results)

@@ -653,7 +653,7 @@ def test_triton_gradient_takes_pallas_or_else_xla(monkeypatch, pallas_runs):
     assert B.gradient_implementation("xla") == "xla" and B.gradient_implementation("pallas") == "pallas"
     if pallas_runs:
         return  # the Pallas route is what every other test of "pallas" gradients runs
-    out, pull = jax.vjp(lambda q, kv, g: B.differentiable(problem, "triton", q, kv, *arrays[2:5], g),
+    out, pull = jax.vjp(lambda q, kv, g: B.differentiable(problem, "triton", q, kv, *arrays[2:5], g, None),
                         arrays[0], arrays[1], arrays[5])
     got = pull(jnp.asarray(ct))
     want_out, want = _vjp(case, "xla", ct)

@@ -188,3 +188,66 @@ def test_pallas_backward_fp32_cache_cotangent_gpu(layout):
         assert w.dtype == jnp.float32 and d.dtype == jnp.bfloat16
         assert np.array_equal(np.asarray(w.astype(jnp.bfloat16)).view(np.uint16), np.asarray(d).view(np.uint16))
         assert bool((w != w.astype(jnp.bfloat16).astype(jnp.float32)).any()), "rounded before widening"
+
+
+@pytest.mark.parametrize("rows", [r for r in ROWS if r <= 1024])
+@pytest.mark.parametrize("tp,fmt", [("TP1", "e4m3"), ("TP4", "bytes")])
+def test_pallas_backward_fp8_scaled_real_shapes(tp, fmt, rows):
+    """vLLM 0.34's arithmetic at the real shapes: an e4m3 cache (values or uint8 bytes) with
+    traced k/v scales 0.5 / 2.0 and 448 / NaN in every unreferenced row. dq and dgate against
+    the fp32 reference of the exact gradient (decoded cache, the scale pair) over the bf16
+    floor; the e4m3 cache cotangent over the e4m3 floor; uint8 bytes get none. Bars: the
+    CPU's (qsa_testing/gradients.py)."""
+    import ml_dtypes
+
+    from qsa_testing.gradients import E4M3_KV_BAR, SCALED_BF16_BAR
+
+    geometry = arg_specs.GEOMETRIES[tp]
+    case, rng = _case(geometry, rows, False)
+    e4m3 = ml_dtypes.float8_e4m3fn
+    kv8 = (np.nan_to_num(np.asarray(case.kv_cache, np.float32)) * 3).astype(e4m3)
+    bits = kv8.view(np.uint8)
+    stray = np.broadcast_to(~C.referenced_rows(case)[:, None, :], kv8.shape[:3])
+    d = case.head_dim
+    bits[..., :d][stray], bits[..., d:][stray] = 0x7E, 0x7F
+    li, bt, tr = (jnp.asarray(x) for x in (case.logical_indices, case.block_table, case.token_to_req))
+    q, gate = jnp.asarray(case.q), jnp.asarray(case.output_gate)
+    kv = jnp.asarray(kv8 if fmt == "e4m3" else bits)
+    ct = jnp.asarray(C.bf16_random(rng, case.q.shape))
+
+    def f(q, kv, g, ks, vs):
+        return qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation="pallas", k_scale=ks, v_scale=vs)
+
+    _, vjp = jax.vjp(f, q, kv, gate, jnp.float32(0.5), jnp.float32(2.0))
+    dq, dkv, dg, dks, dvs = vjp(ct)
+
+    p = check_sparse_attention_args(q, kv, li, bt, tr, gate, use_prefill_config=False, config=None,
+                                    scales_given=(True, True))
+    f32 = lambda x: x.astype(jnp.float32)
+    kv32 = jnp.asarray(np.nan_to_num(kv8.astype(np.float32)))
+    pair = jnp.stack([(jnp.float32(d ** -0.5) * 0.5) * jnp.float32(1.4426950408889634), jnp.float32(2.0)])
+    bf16_problem = check_sparse_attention_args(q, kv32.astype(jnp.bfloat16), li, bt, tr, gate,
+                                               use_prefill_config=False, config=None, scales_given=(True, True))
+    assert bf16_problem.config == p.config
+    _, attention, lse = jax.jit(B.exact_forward, static_argnums=0)(
+        bf16_problem, f32(q), (kv32,), li, bt, tr, f32(gate), pair)
+    ref = jax.jit(B.xla_backward, static_argnums=0)(
+        bf16_problem, f32(q), (kv32,), li, bt, tr, f32(gate), attention, lse, f32(ct), pair)
+    for name, mine, want in (("q", dq, ref[0]), ("gate", dg, ref[2])):
+        assert not bool(jnp.isnan(f32(mine)).any()), name
+        if not bool(jnp.any(want != 0)):
+            continue
+        ratio = _rel(mine, want) / _rel(want.astype(jnp.bfloat16), want)
+        print(f"GRAD fp8 {tp} {fmt} rows={rows} d{name}: ratio {ratio:.2f}")
+        assert ratio <= SCALED_BF16_BAR["pallas"][name], (name, ratio)
+    assert np.isfinite(float(dks)) and np.isfinite(float(dvs))
+    if fmt == "bytes":
+        assert dkv.dtype == jax.dtypes.float0
+        return
+    want = ref[1][0]
+    assert dkv.dtype == e4m3 and not bool(jnp.isnan(f32(dkv)).any())
+    if bool(jnp.any(want != 0)):
+        ratio = _rel(dkv, want) / _rel(want.astype(e4m3), want)
+        print(f"GRAD fp8 {tp} rows={rows} dkv: ratio {ratio:.2f}")
+        assert ratio <= E4M3_KV_BAR, ratio
+    assert (np.asarray(f32(dkv)).transpose(0, 2, 1, 3)[~C.referenced_rows(case)] == 0).all()

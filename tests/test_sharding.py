@@ -7,7 +7,8 @@ must be bit-identical to the one-device call with the shard's tiling and
 compile to a program without collectives; each unsupported layout must raise
 naming the argument. Gradients (jax.vjp) and fp8 calls with k/v scales on a mesh
 must equal the shards' own one-device calls, the cache cotangent summed over row
-shards by the program's one collective, an all-reduce.
+shards by the program's one collective, an all-reduce (which also sums the scales'
+cotangents over row and head shards).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def test_layouts_covered(results, prefix):
     assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"
 
 
+# The interpreter is slow: no Explicit mesh for pallas.
 @pytest.mark.parametrize("implementation, suffix", [
     ("xla", "/vjp"), ("xla", "/vjp/explicit"), ("xla", "/fp8-scaled"), ("xla", "/fp8-scaled/explicit"),
-    ("pallas", "/vjp"), ("pallas", "/fp8-scaled")])  # the interpreter is slow: no explicit mesh
+    ("xla", "/fp8-scaled-vjp"), ("xla", "/fp8-scaled-vjp/explicit"),
+    ("pallas", "/vjp"), ("pallas", "/fp8-scaled"), ("pallas", "/fp8-scaled-vjp")])
 def test_gradient_and_scaled_cases_ran(results, implementation, suffix):
     """Mesh gradients and fp8 scaled calls ran with rows split (the all-reduce) and heads split."""
     names = [r["name"] for r in results if r["name"].startswith(f"sparse_attention/{implementation}/")

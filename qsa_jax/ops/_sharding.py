@@ -50,6 +50,7 @@ from qsa_jax.ops import _vma
 
 
 ROWS, HEADS, KV_HEADS, PAGES = "rows", "heads", "kv_heads", "pages"
+SCALE_PAIR = "scale_pair"  # vLLM 0.34's (2,) k/v scale operand, whole on every device
 _Tracer = jax.core.Tracer  # looked up once: jax.core's attribute access is slow on the eager path
 
 
@@ -348,15 +349,16 @@ _STRIDED_WHY = ("a StridedQuery is addressed by row and head inside its whole ta
 
 
 # The steps of a sparse-attention call that run per shard (``attention_step``): the
-# forward (the call without differentiation), the forward with k/v scales (vLLM 0.34's
-# arithmetic), and under differentiation the forward that also returns the residuals
-# and the backward.
-STEPS = ("forward", "forward_scaled", "residuals", "backward")
+# forward (the call without differentiation), and under differentiation the forward that
+# also returns the residuals and the backward. With k/v scales (vLLM 0.34's arithmetic)
+# each step takes the (2,) scale pair last, whole on every device, and the backward also
+# returns its cotangent (summed over the shards that split rows or heads).
+STEPS = ("forward", "residuals", "backward")
 
 
 @functools.lru_cache(maxsize=256)
 def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "forward",
-                     gate_like_q: bool = True) -> Layout:
+                     gate_like_q: bool = True, scaled: bool = False) -> Layout:
     """``gate_like_q``: the gate is [R, H, D] or [R, H * D]; else another view of R·H·D
     elements per row (vLLM's ``view_as``), split over rows only."""
     q = ("strided_q_rows", "head_dim") if strided_q else (ROWS, HEADS, "head_dim")
@@ -369,16 +371,16 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "
                                ("token_to_req", (ROWS,)),
                                ("output_gate", gate))
     out = ((ROWS, HEADS, "head_dim"),)
-    if step == "forward_scaled":
-        args += (("scales", ("scale_pair",)),)
-    elif step == "residuals":  # + the ungated attention and the merged log-sum-exp
+    if step == "residuals":  # + the ungated attention and the merged log-sum-exp
         out += ((ROWS, HEADS, "head_dim"), (ROWS, HEADS))
     elif step == "backward":  # cotangents of q (or its table), of each cache array and of the gate
         args += (("attention", (ROWS, HEADS, "head_dim")), ("lse", (ROWS, HEADS)),
                  ("d_out", (ROWS, HEADS, "head_dim")))
-        out = (q,) + tuple(roles for _, roles in kv) + (gate,)
+        out = (q,) + tuple(roles for _, roles in kv) + (gate,) + ((SCALE_PAIR,),) * scaled
     elif step != "forward":
         raise ValueError(f"attention_layout: step {step!r} is not one of {STEPS}")
+    if scaled:
+        args += (("scales", (SCALE_PAIR,)),)
     return Layout(
         "sparse_attention", args, out,
         frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS} if gate_like_q else {ROWS}),
@@ -414,20 +416,31 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
     # argument varies over is such a sum too, over that axis (_vma.missing).
     row_axes = tuple(axes.get(ROWS, ()))
     kv_sums = [row_axes + _vma.missing(a, union) for a in kv_arrays]
-    wide = {"kv_dtype": jnp.dtype(jnp.promote_types(kv_arrays[0].dtype, jnp.float32))} if any(kv_sums) else {}
-    d_q, d_kv, d_gate = _vma.uniform(fn(problem, *fn_args, q, kv_arrays, *rest, **wide), union)
+    # An fp8 cache's cotangent stays fp32 here; backward._bwd casts it (or drops it).
+    wide = any(kv_sums) or problem.is_fp8
+    kw = {"kv_dtype": jnp.dtype(jnp.float32 if problem.is_fp8 else jnp.promote_types(kv_arrays[0].dtype,
+                                                                                       jnp.float32))} if wide else {}
+    d_q, d_kv, d_gate, *d_scales = _vma.uniform(fn(problem, *fn_args, q, kv_arrays, *rest, **kw), union)
 
-    def summed(x, over, like):
+    def summed(x, over, like, dtype=None):
         if not over:
-            return x.astype(like.dtype)
+            return x.astype(dtype or like.dtype)
         # q's and the gate's come rounded (replicated over an axis the cache or the metadata
         # varies on: rare); the sum still runs in fp32, rounded once more.
-        return jax.lax.psum(x.astype(jnp.promote_types(x.dtype, jnp.float32)), over).astype(like.dtype)
+        return jax.lax.psum(x.astype(jnp.promote_types(x.dtype, jnp.float32)), over).astype(dtype or like.dtype)
 
-    d_kv = tuple(summed(x, over, a) for x, over, a in zip(d_kv, kv_sums, kv_arrays))
-    logical_indices, block_table, token_to_req, output_gate, attention, lse, d_out = rest
-    return (summed(d_q, _vma.missing(q, union), q), *d_kv,
-            summed(d_gate, _vma.missing(output_gate, union), output_gate))
+    d_kv = tuple(summed(x, over, a, jnp.float32 if problem.is_fp8 else None)
+                 for x, over, a in zip(d_kv, kv_sums, kv_arrays))
+    output_gate = rest[3]
+    results = (summed(d_q, _vma.missing(q, union), q), *d_kv,
+               summed(d_gate, _vma.missing(output_gate, union), output_gate))
+    if not d_scales:
+        return results
+    # The scale pair's cotangent is a sum over every (row, query head): the shards' partial
+    # sums add up over the axes that split rows or heads.
+    scales = rest[-1]
+    split = tuple(dict.fromkeys(ax for role in (ROWS, HEADS, KV_HEADS) for ax in axes.get(role, ())))
+    return results + (summed(d_scales[0], split + _vma.missing(scales, union), scales),)
 
 
 def _attention_layout_of(problem, q, gate, step="forward") -> Layout:
@@ -435,17 +448,16 @@ def _attention_layout_of(problem, q, gate, step="forward") -> Layout:
     # whose table is exactly a compact q), 3-D [R, H, D] otherwise.
     # The gate as [R, H, D] or [R, H * D] splits like q; any other view of it by rows only.
     r, h, d = problem.num_rows, problem.num_query_heads, problem.head_dim
-    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step, tuple(gate.shape) in ((r, h, d), (r, h * d)))
+    return attention_layout(problem.kv.fused, gate.ndim, q.ndim == 2, step,
+                            tuple(gate.shape) in ((r, h, d), (r, h * d)), problem.scaled)
 
 
 def sparse_attention(run_impl, problem, q, kv_arrays, logical_indices, block_table, token_to_req,
                      output_gate, scales=None):
     """``run_impl(problem, q, kv_arrays, ...[, scales])`` (an implementation's ``run``), per
     shard on a mesh; ``scales``: vLLM 0.34's (2,) scale pair, whole on every device."""
-    rest = (logical_indices, block_table, token_to_req, output_gate)
-    if scales is None:
-        return attention_step("forward", run_impl, (), problem, q, kv_arrays, *rest)
-    return attention_step("forward_scaled", run_impl, (), problem, q, kv_arrays, *rest, scales)
+    rest = (logical_indices, block_table, token_to_req, output_gate) + (() if scales is None else (scales,))
+    return attention_step("forward", run_impl, (), problem, q, kv_arrays, *rest)
 
 
 def attention_step(step: str, fn, fn_args: tuple, problem, q, kv_arrays, logical_indices, block_table,

@@ -11,7 +11,7 @@ from qsa_jax._implementations import REGISTRIES
 from qsa_jax.config import PallasLaunch, TritonLaunch, device_capability, sparse_attention_order
 from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
-from qsa_jax.ops.sparse_attention.backward import differentiable, forward_only
+from qsa_jax.ops.sparse_attention.backward import differentiable
 from qsa_jax.ops.sparse_attention.base import (
     SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table, scale_operand)
 
@@ -45,15 +45,11 @@ def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
 @functools.partial(jax.jit, static_argnames=("problem", "implementation"))
 def _run(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales=None, *,
          problem: SparseAttentionProblem, implementation: str):
-    if scales is None:
-        # A custom_vjp around the implementation's forward (gradients: backward.py); on a
-        # mesh its forward and backward run one call per shard (qsa_jax/ops/_sharding.py).
-        return differentiable(problem, implementation, q, kv_arrays, logical_indices, block_table,
-                              token_to_req, output_gate)
-    # vLLM 0.34 arithmetic (k/v scales, fp8 caches): forward only (backward.py), per shard on
-    # a mesh as well.
-    return forward_only(problem, implementation, q, kv_arrays, logical_indices, block_table,
-                        token_to_req, output_gate, scales)
+    # A custom_vjp around the implementation's forward (gradients: backward.py, also with
+    # vLLM 0.34's k/v scales and fp8 caches); on a mesh its forward and backward run one call
+    # per shard (qsa_jax/ops/_sharding.py).
+    return differentiable(problem, implementation, q, kv_arrays, logical_indices, block_table,
+                          token_to_req, output_gate, scales)
 
 
 def sparse_attention(

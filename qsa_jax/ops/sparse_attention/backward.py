@@ -16,6 +16,15 @@ evaluated at the forward's operands. Cotangents: q, the K/V cache (either
 layout; rows that no valid entry selects get exactly 0) and output_gate, in the
 inputs' dtype with fp32 accumulation; the integer metadata gets none (float0).
 
+With vLLM 0.34's k/v scales (the scale operand of ``base.scale_operand``: a score multiplier
+m in log2 units and an output scale v) the function is the same with scores m ln(2) q.K_n
+and A = v sum_n p_n V_n, K and V the cache's decoded e4m3 values (exact in bf16; a bf16
+cache with scales has m = D^-0.5 log2(e), v = 1 whatever the values, as in 0.34.0). The
+scale pair gets a cotangent too, which reaches traced k_scale/v_scale: sum over (row,
+head) of q.dq / m, and of dA.A / v. An fp8 cache's cotangent is computed in fp32 and
+converted to ``float8_e4m3fn`` as ``astype`` does (``cache_cotangent``); uint8 bytes, an
+integer input, get none.
+
 Residuals. The forward, run under differentiation, also returns the base-2
 log-sum-exp of the merged softmax per (row, query head) [R, H] fp32 -- the
 statistics it already forms (the one-split kernel's running max + log2 of its
@@ -53,7 +62,7 @@ from jax import lax
 
 from qsa_jax.ops import _sharding, _vma
 from qsa_jax.ops.sparse_attention.base import (
-    LOG2_E, SparseAttentionProblem, entry_rows, head_row_stride)
+    LOG2_E, SparseAttentionProblem, as_e4m3, entry_rows, head_row_stride)
 
 # Columns per step of the XLA backward's scan: bounds its gathered K/V to
 # rows x 128 x Hk x D at a time.
@@ -68,11 +77,12 @@ def _registry():
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def differentiable(problem: SparseAttentionProblem, implementation: str, q, kv_arrays,
-                   logical_indices, block_table, token_to_req, output_gate):
+                   logical_indices, block_table, token_to_req, output_gate, scales):
     """``implementation``'s forward, with the gradient contract of this module (on a mesh the
-    forward, the residual forward and the backward each run per shard: qsa_jax/ops/_sharding.py)."""
+    forward, the residual forward and the backward each run per shard: qsa_jax/ops/_sharding.py).
+    ``scales``: None, or vLLM 0.34's (2,) fp32 operand (``base.scale_operand``)."""
     return _sharding.sparse_attention(_registry().run(implementation), problem, q, kv_arrays,
-                                      logical_indices, block_table, token_to_req, output_gate)
+                                      logical_indices, block_table, token_to_req, output_gate, scales)
 
 
 def gradient_implementation(implementation: str) -> str:
@@ -85,9 +95,10 @@ def gradient_implementation(implementation: str) -> str:
 
 
 def forward_with_residuals(problem, implementation, q, kv_arrays, logical_indices, block_table,
-                           token_to_req, output_gate):
-    """(output, ungated attention bf16 [R,H,D], merged base-2 LSE [R,H] fp32)."""
-    args = (problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate)
+                           token_to_req, output_gate, *scales):
+    """(output, ungated attention bf16 [R,H,D], merged base-2 LSE [R,H] fp32); ``scales``:
+    nothing, or the scale operand."""
+    args = (problem, q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, *scales)
     residuals = gradient_implementation(implementation)
     if residuals != implementation:  # triton: see the docstring
         out = _registry().run(implementation)(*args)
@@ -96,52 +107,43 @@ def forward_with_residuals(problem, implementation, q, kv_arrays, logical_indice
 
 
 def _fwd(problem, implementation, q, kv_arrays, logical_indices, block_table, token_to_req,
-         output_gate):
+         output_gate, scales):
+    extra = () if scales is None else (scales,)
     out, attention, lse = _sharding.attention_step(
         "residuals", forward_with_residuals, (implementation,), problem, q, kv_arrays,
-        logical_indices, block_table, token_to_req, output_gate)
-    return out, (q, kv_arrays, logical_indices, block_table, token_to_req, output_gate,
+        logical_indices, block_table, token_to_req, output_gate, *extra)
+    return out, (q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales,
                  attention, lse)
 
 
 def _bwd(problem, implementation, residuals, d_out):
-    q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, attention, lse = residuals
+    q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales, attention, lse = residuals
     if gradient_implementation(implementation) == "xla":
         backward = xla_backward
     else:
         from qsa_jax.ops.sparse_attention.backward_pallas import pallas_backward as backward
-    # Per shard on a mesh; the step's result is flat: (dq, *dkv_arrays, dgate).
-    dq, *dkv, dgate = _sharding.attention_step(
+    extra = () if scales is None else (scales,)
+    # Per shard on a mesh; the step's result is flat: (dq, *dkv_arrays, dgate[, dscales]).
+    dq, *rest = _sharding.attention_step(
         "backward", backward, (), problem, q, kv_arrays, logical_indices, block_table, token_to_req,
-        output_gate, attention, lse, d_out)
-    return dq, tuple(dkv), None, None, None, dgate
+        output_gate, attention, lse, d_out, *extra)
+    dkv, dgate = rest[:len(kv_arrays)], rest[len(kv_arrays)]
+    d_scales = rest[-1] if scales is not None else None
+    return (dq, tuple(cache_cotangent(x, a) for x, a in zip(dkv, kv_arrays)), None, None, None, dgate,
+            d_scales)
 
 
 differentiable.defvjp(_fwd, _bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def forward_only(problem: SparseAttentionProblem, implementation: str, q, kv_arrays,
-                 logical_indices, block_table, token_to_req, output_gate, scales):
-    """``implementation``'s forward with k/v scales (vLLM 0.34's arithmetic, fp8 caches),
-    whose gradient is not implemented: differentiating it raises a clear error instead
-    of failing inside a kernel that has no autodiff rule. Per shard on a mesh, like the
-    forward without scales (the scale pair whole on every device)."""
-    return _sharding.sparse_attention(_registry().run(implementation), problem, q, kv_arrays,
-                                      logical_indices, block_table, token_to_req, output_gate, scales)
-
-
-def _forward_only_fwd(problem, implementation, *args):
-    return forward_only(problem, implementation, *args), None
-
-
-def _forward_only_bwd(problem, implementation, residuals, d_out):
-    raise NotImplementedError(
-        "sparse_attention has no gradient with k_scale/v_scale (vLLM 0.34's fp8 path); gradients "
-        "are defined for bf16 caches called without scales")
-
-
-forward_only.defvjp(_forward_only_fwd, _forward_only_bwd)
+def cache_cotangent(d_cache, cache):
+    """A cache array's cotangent in its own dtype: as computed for bf16 (or float64); for
+    ``float8_e4m3fn`` the fp32 cotangent converted as ``astype`` converts (what JAX's own
+    autodiff of a dequantising function returns: beyond +-464 that is NaN, e4m3fn having
+    no infinity); None (a zero cotangent) for an integer cache, i.e. uint8 e4m3 bytes."""
+    if jnp.issubdtype(cache.dtype, jnp.integer):
+        return None
+    return d_cache.astype(cache.dtype)
 
 
 def gate_pre_pass(output_gate, attention, d_out, compute_dtype, *, delta_dtype=None):
@@ -207,10 +209,11 @@ def kv_cotangent(problem: SparseAttentionProblem, kv_arrays, d_k_rows, d_v_rows,
 
 
 def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                 token_to_req, output_gate, attention, lse, d_out, *, chunk: int = XLA_CHUNK,
+                 token_to_req, output_gate, attention, lse, d_out, scales=None, *, chunk: int = XLA_CHUNK,
                  kv_dtype=None):
-    """Cotangents (dq table, dkv_arrays, dgate) of the exact function, in plain XLA; the
-    cache's in ``kv_dtype`` (None: the cache's own; a mesh sums row shards' fp32 ones).
+    """Cotangents (dq table, dkv_arrays, dgate[, dscales with ``scales``]) of the exact
+    function, in plain XLA; the cache's in ``kv_dtype`` (None: the cache's own, fp32 for an
+    fp8 cache; a mesh sums row shards' fp32 ones).
 
     Accumulates in float32 (float64 when the inputs are float64: the oracle of the
     tests); a ``lax.scan`` walks the selection ``chunk`` columns at a time, and dK/dV
@@ -222,6 +225,7 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     hk, g, w = p.num_kv_heads, p.group_size, p.selection_width
     kv = p.kv
     dtype = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    kv_dtype = kv_dtype or (jnp.float32 if p.is_fp8 else None)
     d_attention, delta, d_gate = gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
                                                d_out, dtype)
     k_rows, v_rows = kv.rows_view(kv_arrays)
@@ -229,8 +233,9 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     n = kv.num_rows
     zero_kv = jnp.zeros((n, d), dtype)
     if rows == 0:
-        return dq_to_table(p, q, jnp.zeros((0, heads, d), dtype)), kv_cotangent(
-            p, kv_arrays, zero_kv, zero_kv, kv_dtype), d_gate
+        return with_scale_cotangent(p, (dq_to_table(p, q, jnp.zeros((0, heads, d), dtype)), kv_cotangent(
+            p, kv_arrays, zero_kv, zero_kv, kv_dtype), d_gate), q, jnp.zeros((0, heads, d), dtype),
+            d_attention, attention, scales)
 
     qg = q.reshape(-1, d)[q_rows(p)].astype(dtype).reshape(rows, hk, g, d)
     da = d_attention.reshape(rows, hk, g, d)
@@ -243,7 +248,7 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     row0, valid = entry_rows(p, tokens, block_table, token_to_req)
     valid &= used_columns(p, logical_indices, columns)
     head_offsets = jnp.arange(hk, dtype=jnp.int32) * head_row_stride(kv)
-    scale = d ** -0.5
+    score_scale, scale, value_scale = gradient_scales(p, scales, dtype)
     hi = lax.Precision.HIGHEST  # the oracle: no reduced-precision dots on any backend
 
     def step(carry, xs):
@@ -251,17 +256,17 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
         row_c, valid_c = xs  # [R, C]
         r = row_c[..., None] + head_offsets  # [R, C, Hk]
         vmask = valid_c[..., None, None]
-        # where, never a multiply: unreferenced pages may hold NaN.
-        keys = jnp.where(vmask, k_rows[r, k_half], 0).astype(dtype)  # [R, C, Hk, D]
-        values = jnp.where(vmask, v_rows[r, v_half], 0).astype(dtype)
-        s = jnp.einsum("rkgd,rckd->rkgc", qg, keys, precision=hi) * (scale * LOG2_E)
+        # where, never a multiply: unreferenced pages may hold NaN. fp8: decoded (exactly).
+        keys = jnp.where(vmask, as_e4m3(k_rows[r, k_half]).astype(dtype), 0)  # [R, C, Hk, D]
+        values = jnp.where(vmask, as_e4m3(v_rows[r, v_half]).astype(dtype), 0)
+        s = jnp.einsum("rkgd,rckd->rkgc", qg, keys, precision=hi) * score_scale
         smask = valid_c[:, None, None, :]
         probs = jnp.where(smask, jnp.exp2(jnp.where(smask, s - lse[..., None], 0.0)), 0.0)
-        dp = jnp.einsum("rkgd,rckd->rkgc", da, values, precision=hi)
+        dp = jnp.einsum("rkgd,rckd->rkgc", da, values, precision=hi) * value_scale
         ds = probs * (dp - delta[..., None])
         dq = dq + jnp.einsum("rkgc,rckd->rkgd", ds, keys, precision=hi) * scale
         dk_e = jnp.einsum("rkgc,rkgd->rckd", ds, qg, precision=hi) * scale
-        dv_e = jnp.einsum("rkgc,rkgd->rckd", probs, da, precision=hi)
+        dv_e = jnp.einsum("rkgc,rkgd->rckd", probs, da, precision=hi) * value_scale
         target = jnp.where(vmask[..., 0], r, n).reshape(-1)  # row n: dropped
         dk = dk.at[target].add(dk_e.reshape(-1, d), mode="drop")
         dv = dv.at[target].add(dv_e.reshape(-1, d), mode="drop")
@@ -273,14 +278,45 @@ def xla_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices,
     init = _vma.like((jnp.zeros((rows, hk, g, d), dtype), zero_kv, zero_kv), q, kv_arrays, logical_indices,
                      block_table, token_to_req, output_gate, attention, lse, d_out)
     (dq, dk, dv), _ = lax.scan(step, init, xs)
-    return (dq_to_table(p, q, dq.reshape(rows, heads, d)), kv_cotangent(p, kv_arrays, dk, dv, kv_dtype),
-            d_gate)
+    dq = dq.reshape(rows, heads, d)
+    return with_scale_cotangent(p, (dq_to_table(p, q, dq), kv_cotangent(p, kv_arrays, dk, dv, kv_dtype), d_gate),
+                                q, dq, d_attention, attention, scales)
+
+
+def gradient_scales(problem: SparseAttentionProblem, scales, dtype):
+    """(score multiplier in log2 units as the forward used it, its natural-log value c -- the
+    factor of dq and dK -- and the output scale, 1 without ``scales``), in ``dtype``.
+    Without scales the first two are D^-0.5 log2(e) and D^-0.5 as Python floats, as before
+    the scales existed; with them c = multiplier / log2(e): p = exp2(m q.K - lse) has
+    derivative ln(2) m p with respect to q.K."""
+    d = problem.head_dim
+    if scales is None:
+        return d ** -0.5 * LOG2_E, d ** -0.5, 1.0
+    multiplier = scales[0].astype(dtype)
+    return multiplier, multiplier / LOG2_E, scales[1].astype(dtype)
+
+
+def with_scale_cotangent(problem: SparseAttentionProblem, cotangents, q_table, dq, d_attention, attention,
+                         scales):
+    """``cotangents`` plus, with ``scales``, the scale pair's: for the multiplier m,
+    sum over (row, head) of q.dq / m (dq = c sum_n dS_n K_n, and each score is linear in m);
+    for the output scale v, sum of dA.A / v (A is linear in v). ``dq`` unrounded [R, H, D]."""
+    if scales is None:
+        return cotangents
+    dtype = dq.dtype
+    q_rows_ = q_table.reshape(-1, problem.head_dim)[q_rows(problem)].astype(dtype)  # [R, H, D]
+    d_multiplier = jnp.sum(q_rows_ * dq) / scales[0].astype(dtype)
+    d_output = jnp.sum(d_attention.astype(dtype) * attention.reshape(d_attention.shape).astype(dtype)) \
+        / scales[1].astype(dtype)
+    return cotangents + (jnp.stack([d_multiplier, d_output]).astype(scales.dtype),)
 
 
 def exact_forward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                  token_to_req, output_gate):
+                  token_to_req, output_gate, scales=None):
     """The function the backward differentiates, in the inputs' dtype with no rounding:
-    (output, attention, base-2 LSE). Dense over the selection: small cases only (tests)."""
+    (output, attention, base-2 LSE). Dense over the selection: small cases only (tests).
+    ``scales``: None or the (2,) scale operand (score multiplier in log2 units, output
+    scale); an fp8 cache is decoded to q's dtype (exact)."""
     p = problem
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     hk, g, w = p.num_kv_heads, p.group_size, p.selection_width
@@ -291,11 +327,13 @@ def exact_forward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices
     r = row0[..., None] + jnp.arange(hk, dtype=jnp.int32) * head_row_stride(kv)
     k_rows, v_rows = kv.rows_view(kv_arrays)
     vmask = valid[..., None, None]
-    keys = jnp.where(vmask, k_rows[r, kv.halves[0]], 0)
-    values = jnp.where(vmask, v_rows[r, kv.halves[1]], 0)
+    decode = (lambda x: as_e4m3(x).astype(q.dtype)) if p.is_fp8 else (lambda x: x)
+    keys = jnp.where(vmask, decode(k_rows[r, kv.halves[0]]), 0)
+    values = jnp.where(vmask, decode(v_rows[r, kv.halves[1]]), 0)
     qg = q.reshape(-1, d)[q_rows(p)].reshape(rows, hk, g, d)
     hi = lax.Precision.HIGHEST
-    s = jnp.einsum("rkgd,rckd->rkgc", qg, keys, precision=hi) * (d ** -0.5)
+    _, scale, value_scale = gradient_scales(p, scales, q.dtype)
+    s = jnp.einsum("rkgd,rckd->rkgc", qg, keys, precision=hi) * scale
     smask = valid[:, None, None, :]
     s = jnp.where(smask, s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
@@ -303,7 +341,7 @@ def exact_forward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices
     e = jnp.where(smask, jnp.exp(s - safe_m), 0.0)
     total = jnp.sum(e, axis=-1, keepdims=True)
     attention = jnp.einsum("rkgc,rckd->rkgd", e / jnp.where(total > 0, total, 1.0), values,
-                           precision=hi).reshape(rows, heads, d)
+                           precision=hi).reshape(rows, heads, d) * value_scale
     lse = jnp.where(total > 0, (safe_m + jnp.log(jnp.where(total > 0, total, 1.0))) * LOG2_E,
                     -jnp.inf)
     out = attention * jax.nn.sigmoid(output_gate.reshape(rows, heads, d))

@@ -53,7 +53,8 @@ from qsa_jax.ops import _vma
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu
 from qsa_jax.ops._relaxed_atomics import relaxed_atomic_add
 from qsa_jax.ops.sparse_attention import backward as B
-from qsa_jax.ops.sparse_attention.base import LOG2_E, SparseAttentionProblem, entry_rows, head_row_stride
+from qsa_jax.ops.sparse_attention.base import (
+    LOG2_E, SparseAttentionProblem, as_e4m3, entry_rows, head_row_stride)
 from qsa_jax.ops.sparse_attention.pallas import _load_rows
 
 # Backward tile: [BN, D] fp32 dK and dV contributions live in registers per tile.
@@ -122,6 +123,27 @@ def _dot(a, b, contract):
                            preferred_element_type=jnp.float32)
 
 
+def _scales(p: SparseAttentionProblem, scales_ref):
+    """(score multiplier, dq/dK factor, output scale or None): ``backward.gradient_scales``
+    read from the kernel's scale operand (fp32), or the 0.30.0 constants without one."""
+    if scales_ref is None:
+        score_scale, scale, _ = B.gradient_scales(p, None, jnp.float32)
+        return score_scale, scale, None
+    multiplier = scales_ref[0]
+    return multiplier, multiplier * (1.0 / LOG2_E), scales_ref[1]
+
+
+def _times(x, factor):
+    """x * factor; nothing at all without a factor (the unscaled kernels stay as they were)."""
+    return x if factor is None else x * factor
+
+
+def _decoded(tile):
+    """A gathered cache tile as the dots' bf16: e4m3 values (or their uint8 bytes) convert
+    exactly; a bf16 tile is returned as is."""
+    return tile if tile.dtype == jnp.bfloat16 else as_e4m3(tile).astype(jnp.bfloat16)
+
+
 def _add_rows(ref, row_index, col0: int, values, valid, interpreted: bool, relaxed: bool):
     """ref[row_index[i], col0 : col0 + width] += values[i] for every i with valid[i] (fp32)."""
     if not interpreted:
@@ -146,9 +168,11 @@ def _add_rows(ref, row_index, col0: int, values, valid, interpreted: bool, relax
 
 
 def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_ref, lse_ref, end_ref,
-                     _dq_in, _dkv_in, dq_ref, dkv_ref, *, p: SparseAttentionProblem, block_m: int,
+                     _dq_in, _dkv_in, *refs, p: SparseAttentionProblem, block_m: int,
                      block_n: int, num_splits: int, contiguous: bool, compact: bool, interpreted: bool,
                      relaxed: bool, with_dkv: bool = True):
+    # With k/v scales a (2,) fp32 ref [score multiplier, output scale] precedes the outputs.
+    scales_ref, (dq_ref, dkv_ref) = (refs[0], refs[1:]) if p.scaled else (None, refs)
     kv = p.kv
     d, g, heads = p.head_dim, p.group_size, p.num_query_heads
     bn = block_n
@@ -176,7 +200,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_
     head_offset = head * head_row_stride(kv)
     columns = lax.broadcasted_iota(jnp.int32, (bn,), 0)
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
-    scale = d ** -0.5
+    score_scale, scale, value_scale = _scales(p, scales_ref)
 
     def body(step, dq_acc):
         cols = (first + step * stride) * bn + columns
@@ -189,15 +213,15 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_
         else:
             acc_row = cache_row
         # Both gathered [D, BN] by address; zeros (never NaN) where invalid.
-        keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :],
-                            not interpreted)
-        values_t = _load_rows(v_ref, cache_row[None, :], (v_col + dims)[:, None], valid[None, :],
-                              not interpreted)
-        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * (scale * LOG2_E)
+        keys_t = _decoded(_load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], valid[None, :],
+                                     not interpreted))
+        values_t = _decoded(_load_rows(v_ref, cache_row[None, :], (v_col + dims)[:, None], valid[None, :],
+                                       not interpreted))
+        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * score_scale
         # The stored LSE turns scores into probabilities directly (-inf LSE only
         # for rows with no valid entry, which the where discards).
         probs = jnp.where(valid[None, :], jnp.exp2(scores - lse[:, None]), 0.0)  # [M, BN]
-        dp = jnp.dot(da16, values_t, preferred_element_type=jnp.float32)
+        dp = _times(jnp.dot(da16, values_t, preferred_element_type=jnp.float32), value_scale)
         ds = probs * (dp - delta[:, None])
         dq_acc = dq_acc + _dot(ds.astype(jnp.bfloat16), keys_t, (1, 1))  # [M, D]
         if not with_dkv:  # order="inverted": dK/dV come from _inverted_kernel
@@ -205,7 +229,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_
         ds_kv = jnp.where(real[:, None], ds, 0.0).astype(jnp.bfloat16)
         p_kv = jnp.where(real[:, None], probs, 0.0).astype(jnp.bfloat16)
         d_keys = _dot(ds_kv, q, (0, 0)) * scale  # [BN, D]
-        d_values = _dot(p_kv, da16, (0, 0))
+        d_values = _times(_dot(p_kv, da16, (0, 0)), value_scale)
         # One fp32 accumulator row per cache row: dK in columns [0, D), dV in [D, 2D).
         _add_rows(dkv_ref, acc_row, 0, d_keys, valid, interpreted, relaxed)
         _add_rows(dkv_ref, acc_row, d, d_values, valid, interpreted, relaxed)
@@ -219,7 +243,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, rows_ref, acc_rows_ref, da_ref, delta_
 
 
 def _inverted_kernel(q_ref, k_ref, v_ref, pages_ref, starts_ref, ref_rows_ref, counts_ref, da_ref,
-                     delta_ref, lse_ref, zeros_ref, dkv_ref, *, p: SparseAttentionProblem, block_rows: int,
+                     delta_ref, lse_ref, zeros_ref, *refs, p: SparseAttentionProblem, block_rows: int,
                      lanes: int, compact: bool, interpreted: bool):
     """dK|dV of one (block of ``block_rows`` cache slots, KV head), written once.
 
@@ -234,6 +258,7 @@ def _inverted_kernel(q_ref, k_ref, v_ref, pages_ref, starts_ref, ref_rows_ref, c
     the block's K/V ([lanes, BR], weighted by how many times the lane's row selects
     each slot; 0 where it selects none), and dK += dSᵀq, dV += pᵀdA ([BR, D] fp32).
     """
+    scales_ref, (dkv_ref,) = (refs[0], refs[1:]) if p.scaled else (None, refs)
     kv = p.kv
     d, g, heads, br = p.head_dim, p.group_size, p.num_query_heads, block_rows
     k_col, v_col = 0, (d if kv.fused else 0)
@@ -248,11 +273,11 @@ def _inverted_kernel(q_ref, k_ref, v_ref, pages_ref, starts_ref, ref_rows_ref, c
     dims = lax.broadcasted_iota(jnp.int32, (d,), 0)
     # An empty block loads nothing (masked on the GPU) and writes zeros.
     live = jnp.broadcast_to(end > start, (1, br))
-    keys_t = _load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], live, not interpreted)
-    values_t = _load_rows(v_ref, cache_row[None, :], (v_col + dims)[:, None], live, not interpreted)
+    keys_t = _decoded(_load_rows(k_ref, cache_row[None, :], (k_col + dims)[:, None], live, not interpreted))
+    values_t = _decoded(_load_rows(v_ref, cache_row[None, :], (v_col + dims)[:, None], live, not interpreted))
     lane = lax.broadcasted_iota(jnp.int32, (lanes,), 0)
     slots = lax.broadcasted_iota(jnp.int32, (br,), 0)
-    scale = d ** -0.5
+    score_scale, scale, value_scale = _scales(p, scales_ref)
 
     def body(step, carry):
         d_keys, d_values = carry
@@ -267,14 +292,14 @@ def _inverted_kernel(q_ref, k_ref, v_ref, pages_ref, starts_ref, ref_rows_ref, c
         delta, lse = delta_ref[flat], lse_ref[flat]
         times = counts_ref[ref[:, None], slots[None, :]]  # [M, BR] multiplicities
         use = ok[:, None] & (times > 0)
-        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * (scale * LOG2_E)
+        scores = jnp.dot(q, keys_t, preferred_element_type=jnp.float32) * score_scale
         # where, never a multiply: a slot nobody here selects may hold NaN (and huge K).
         probs = jnp.where(use, jnp.exp2(scores - lse[:, None]), 0.0)  # [M, BR]
-        dp = jnp.dot(da16, values_t, preferred_element_type=jnp.float32)
+        dp = _times(jnp.dot(da16, values_t, preferred_element_type=jnp.float32), value_scale)
         ds = jnp.where(use, probs * (dp - delta[:, None]), 0.0)
         weight = times.astype(jnp.float32)  # a token selected twice counts twice
         d_keys = d_keys + _dot((ds * weight).astype(jnp.bfloat16), q, (0, 0)) * scale  # [BR, D]
-        d_values = d_values + _dot((probs * weight).astype(jnp.bfloat16), da16, (0, 0))
+        d_values = d_values + _times(_dot((probs * weight).astype(jnp.bfloat16), da16, (0, 0)), value_scale)
         return d_keys, d_values
 
     zero = jnp.zeros((br, d), jnp.float32)
@@ -429,12 +454,13 @@ def entry_lists(p: SparseAttentionProblem, logical_indices, block_table, token_t
 
 
 def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
-                    token_to_req, output_gate, attention, lse, d_out, *, block_n: int | None = None,
+                    token_to_req, output_gate, attention, lse, d_out, scales=None, *, block_n: int | None = None,
                     num_splits: int | None = None, num_warps: int | None = None,
                     relaxed_atomics: bool | None = None, order: str | None = None,
                     lanes: int | None = None, dq_warps: int | None = None, kv_dtype=None):
-    """Cotangents (dq table, dkv_arrays, dgate); see the module docstring. ``kv_dtype``: the
-    cache cotangents' dtype (None: the cache's; a mesh sums row shards' fp32 ones).
+    """Cotangents (dq table, dkv_arrays, dgate[, dscales with ``scales``]); see the module
+    docstring. ``kv_dtype``: the cache cotangents' dtype (None: the cache's, fp32 for an fp8
+    cache; a mesh sums row shards' fp32 ones).
     ``relaxed_atomics=False`` lowers the fp32 atomics with Pallas's own acquire-release
     order instead (the benchmark's A/B switch; same sums); None: ``RELAXED_ATOMICS``.
     ``order``: how each row's entries are walked and split (``ORDERS``); None:
@@ -457,6 +483,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         raise ValueError(f"dq_warps must be a power of two >= 1; got {dq_warps}")
     if inverted:
         _check_inverted_launch(kv, block_n or INVERTED_BLOCK_ROWS, lanes or INVERTED_LANES, interpret())
+    kv_dtype = kv_dtype or (jnp.float32 if p.is_fp8 else None)
     d_attention, delta, d_gate = B.gate_pre_pass(output_gate, attention.reshape(rows, heads, d),
                                                  d_out, jnp.float32, delta_dtype=jnp.bfloat16)
     compaction = named_pages(p, block_table)
@@ -464,8 +491,10 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
     # The dq walk of "inverted" never touches its dK/dV accumulator: a placeholder row.
     zero_kv = jnp.zeros((1 if inverted and rows else acc_rows, 2 * d), jnp.float32)
     if rows == 0:
-        return (B.dq_to_table(p, q, jnp.zeros((0, heads, d), jnp.float32)),
-                _kv_cotangent(p, kv_arrays, zero_kv, compaction, kv_dtype), d_gate)
+        dq = jnp.zeros((0, heads, d), jnp.float32)
+        return B.with_scale_cotangent(p, (B.dq_to_table(p, q, dq), _kv_cotangent(p, kv_arrays, zero_kv, compaction,
+                                                                                 kv_dtype), d_gate),
+                                      q, dq, d_attention, attention, scales)
     # "inverted": block_n is the dK/dV kernel's slots per program; dq walks with the default tile.
     bn = (None if inverted else block_n) or DEFAULT_BLOCK_N
     sorted_order = order == "sorted"
@@ -491,6 +520,7 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
                                with_dkv=not inverted)
     acc_shapes = (jax.ShapeDtypeStruct((rows * heads, d), jnp.float32),
                   jax.ShapeDtypeStruct(zero_kv.shape, jnp.float32))
+    scale_input = () if scales is None else (scales.astype(jnp.float32),)
     da16 = d_attention.reshape(rows * heads, d).astype(jnp.bfloat16)
     delta = delta.reshape(rows * heads)
     lse = lse.reshape(rows * heads).astype(jnp.float32)
@@ -498,24 +528,26 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
         kernel,
         out_shape=acc_shapes,
         grid=(rows, p.num_kv_heads, splits),
-        in_specs=[pl.no_block_spec] * 11,
+        in_specs=[pl.no_block_spec] * (11 + p.scaled),
         out_specs=(pl.no_block_spec,) * 2,
         # The accumulators start as zeros and are updated in place.
-        input_output_aliases={9: 0, 10: 1},
+        input_output_aliases={9: 0, 10: 1},  # (the scale operand, if any, is input 11)
         compiler_params=plgpu.CompilerParams(
             num_warps=(dq_warps or INVERTED_DQ_WARPS) if inverted else (num_warps or DEFAULT_WARPS),
             num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward",
     )(q.reshape(-1, d), k_rows, v_rows, entries, acc, da16, delta, lse, end,
-      jnp.zeros((rows * heads, d), jnp.float32), zero_kv)
+      jnp.zeros((rows * heads, d), jnp.float32), zero_kv, *scale_input)
     if inverted:
-        dkv = _inverted_dkv(p, q, k_rows, v_rows, acc, compaction, acc_rows, da16, delta, lse,
+        dkv = _inverted_dkv(p, q, k_rows, v_rows, acc, compaction, acc_rows, da16, delta, lse, scale_input,
                             kv_arrays[0].dtype if kv_dtype is None else kv_dtype, block_n or INVERTED_BLOCK_ROWS,
                             lanes or INVERTED_LANES, num_warps, interpreted)
     # The inverted walk's dK/dV is already cache-shaped (named pages written in place).
-    return (B.dq_to_table(p, q, dq.reshape(rows, heads, d)),
-            _kv_cotangent(p, kv_arrays, dkv, None if inverted else compaction, kv_dtype), d_gate)
+    dq = dq.reshape(rows, heads, d)
+    return B.with_scale_cotangent(
+        p, (B.dq_to_table(p, q, dq), _kv_cotangent(p, kv_arrays, dkv, None if inverted else compaction, kv_dtype),
+            d_gate), q, dq, d_attention, attention, scales)
 
 
 def resolve_order(p: SparseAttentionProblem, order: str | None) -> str:
@@ -553,7 +585,8 @@ def _check_inverted_launch(kv, block_rows: int, lanes: int, interpreted: bool):
 
 
 def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction, acc_rows: int, da16,
-                  delta, lse, dtype, block_rows: int, lanes: int, num_warps: int | None, interpreted: bool):
+                  delta, lse, scale_input: tuple, dtype, block_rows: int, lanes: int, num_warps: int | None,
+                  interpreted: bool):
     """dK|dV from ``_inverted_kernel`` in ``dtype``: [cache rows, 2D] -- without
     ``compaction`` every row written once; with it the named pages' rows written into a
     zero-filled gradient of the whole cache (so no scatter of the pages follows)."""
@@ -570,10 +603,10 @@ def _inverted_dkv(p: SparseAttentionProblem, q, k_rows, v_rows, acc, compaction,
         kernel,
         out_shape=jax.ShapeDtypeStruct((kv.num_rows if compact else acc_rows, 2 * d), dtype),
         grid=(num_slots // block_rows, kv.num_kv_heads),
-        in_specs=[pl.no_block_spec] * 11,
+        in_specs=[pl.no_block_spec] * (11 + len(scale_input)),
         out_specs=pl.no_block_spec,
-        input_output_aliases={10: 0} if compact else {},
+        input_output_aliases={10: 0} if compact else {},  # (the scale operand, if any, is input 11)
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or INVERTED_WARPS, num_stages=2),
         interpret=interpreted,
         name="qsa_sparse_attention_backward_inverted",
-    )(q.reshape(-1, d), k_rows, v_rows, pages, starts, ref_rows, counts, da16, delta, lse, zeros)
+    )(q.reshape(-1, d), k_rows, v_rows, pages, starts, ref_rows, counts, da16, delta, lse, zeros, *scale_input)
