@@ -64,6 +64,37 @@ def test_compress_rejects_bad_arguments():
         qsa_jax.compress_groups_with_ratio(a[0], a[1], a[2].astype(np.float32), *a[3:], 4)
     with pytest.raises(TypeError, match="token_to_req must be an array"):
         qsa_jax.compress_groups_with_ratio(*a[:4], a[4].tolist(), *a[5:], 4)
+    with pytest.raises(ValueError, match="token_to_req must be"):  # once an XLA broadcasting error
+        qsa_jax.compress_groups_with_ratio(*a[:4], a[4][:, None], *a[5:], 4)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("x64", [False, True], ids=["numpy-int64", "jax-int64"])
+def test_indices_beyond_int32_stay_out_of_range(impl, x64):
+    """vLLM's indices are int64: a slot of 2**32 + 5 or a request of 2**32 is out of range and
+    must be skipped, not wrapped to slot 5 / request 0 by the narrowing to int32 (NumPy int64
+    with JAX's x64 off, JAX int64 with it on)."""
+    rng = np.random.default_rng(7)
+    cache = C.bf16_random(rng, (4, 8, 1, 16))
+    rows = rng.standard_normal((3, 16)).astype(np.float32)
+    slots = np.array([2**32 + 5, -(2**32) + 1, 9], np.int64)  # wrap to 5 and 1; 9 is valid
+    case = C.compress_case(rng, chunk_lens=[3, 2], head_dim=16)
+    a = {f: getattr(case, f) for f in FIELDS}
+    a["raw_positions"] = a["raw_positions"].astype(np.int32)
+    clean = qsa_jax.compress_groups_with_ratio(**a, compress_ratio=case.compress_ratio, implementation=impl)
+    assert np.any(np.asarray(clean[0][0], np.float32)), "row 0 must be valid before its request is spoiled"
+    req = np.asarray(a["token_to_req"], np.int64).copy()
+    req[0] = 2**32  # wraps to request 0, row 0's own request
+    with jax.enable_x64(x64):
+        convert = jnp.asarray if x64 else (lambda x: x)
+        new = np.asarray(qsa_jax.store_cache_rows(jnp.asarray(cache), convert(slots), rows, implementation=impl),
+                         np.float32)
+        pooled, first = qsa_jax.compress_groups_with_ratio(**{**a, "token_to_req": convert(req)},
+                                                           compress_ratio=case.compress_ratio, implementation=impl)
+    changed = np.argwhere((new != np.asarray(cache, np.float32)).any(-1).reshape(-1)).ravel().tolist()
+    assert changed == [9]
+    assert not np.any(np.asarray(pooled[0], np.float32)) and not np.any(np.asarray(first[0]))
+    np.testing.assert_array_equal(np.asarray(pooled[1:], np.float32), np.asarray(clean[0][1:], np.float32))
 
 
 @pytest.mark.parametrize("rows_dtype", [C.BF16, np.float32])

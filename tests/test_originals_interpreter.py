@@ -8,6 +8,8 @@ with the XLA implementation and the float64 oracle (docs/spec.md §6.1):
   (gate applied in the split kernel), every degenerate row kind of docs/spec.md §4, finite-K /
   NaN-V poison in every cache row no valid entry reads, NaN in ``out`` before the call;
 * group compression: ring 4 with ``rope_cache`` and ring 8 without, invalid rows of every kind;
+  ratios 3 and 7 with fp32 keys (the mean a true division, as the originals' ``/``: XLA's
+  reciprocal multiply was an fp32 ulp off), xla and pallas bit for bit;
 * the row store: bf16 and fp32 rows into a 140-wide bf16 cache, invalid slots.
 
 Triton's interpreter must be on before triton is first imported (its library functions are
@@ -30,7 +32,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SKIP_EXIT = 3  # the subprocess could not obtain the originals
 
 SPARSE_CASES = ("splitk_merge", "single_split")
-COMPRESS_CASES = ("ring4_rope", "ring8_norope")
+COMPRESS_CASES = ("ring4_rope", "ring8_norope", "ring5_ratio3_fp32", "ring8_ratio7_fp32")
 STORE_CASES = ("bf16_rows", "fp32_rows")
 
 if __name__ != "__main__":
@@ -107,15 +109,19 @@ def _sparse(orig, rng, name, blocks, splits):
     assert (ref == 0).any(), f"{name}: no empty row, the edge rows did not take"
 
 
-def _compress(orig, rng, name, ring, with_rope):
+def _compress(orig, rng, name, ring, with_rope, ratio=4, fp32_keys=False):
     import qsa_jax
     from qsa_testing import cases as C
     from qsa_testing import oracle
     from qsa_testing.torch_interop import to_numpy, to_torch
     from qsa_testing.triton_interpreter import on_device
 
-    case = C.compress_case(rng, name=name, chunk_lens=[3, 6, 1, 5], head_dim=32, ring=ring, ratio=4,
+    case = C.compress_case(rng, name=name, chunk_lens=[3, 6, 1, 5], head_dim=32, ring=ring, ratio=ratio,
                            with_rope=with_rope, edge=True)
+    if fp32_keys:  # the pooled mean unrounded: a one-ulp fp32 difference shows
+        case.raw_keys = (case.raw_keys.astype(np.float32) * rng.uniform(0.5, 2, case.raw_keys.shape)).astype(
+            np.float32)
+        case.compressor_state_cache = case.compressor_state_cache.astype(np.float32) * np.float32(1.7)
     arrays = [case.raw_keys, case.raw_positions, case.compressor_state_cache, case.compressor_state_block_table,
               case.token_to_req, case.query_start_loc, case.logical_positions, case.compressed_slots]
     dev = lambda x: None if x is None else on_device(to_torch(x, device="cpu"))  # noqa: E731
@@ -123,17 +129,20 @@ def _compress(orig, rng, name, ring, with_rope):
                                                         dev(case.rope_cache))
     pooled, first = to_numpy(pooled), to_numpy(first)
     ref_pooled, ref_first = oracle.compress_groups_oracle(*arrays, case.compress_ratio, case.rope_cache)
-    np.testing.assert_array_equal(pooled.astype(np.float64), ref_pooled, err_msg=f"originals/{name} pooled")
+    if not fp32_keys:  # the oracle's pooled keys are bf16 values
+        np.testing.assert_array_equal(pooled.astype(np.float64), ref_pooled, err_msg=f"originals/{name} pooled")
     np.testing.assert_array_equal(first, ref_first, err_msg=f"originals/{name} first positions")
     # JAX without x64: positions travel as int32.
     jax_arrays = list(arrays)
     jax_arrays[1] = case.raw_positions.astype(np.int32)
     rope = None if case.rope_cache is None else case.rope_cache.astype(np.int32)
-    x_pooled, x_first = qsa_jax.compress_groups_with_ratio(*jax_arrays, case.compress_ratio, rope,
-                                                           implementation="xla")
-    np.testing.assert_array_equal(np.asarray(x_pooled).view(np.uint16), pooled.view(np.uint16),
-                                  err_msg=f"xla/{name} pooled")
-    np.testing.assert_array_equal(np.asarray(x_first).astype(np.int64), first, err_msg=f"xla/{name} first")
+    for impl in ("xla", "pallas") if fp32_keys else ("xla",):
+        x_pooled, x_first = qsa_jax.compress_groups_with_ratio(*jax_arrays, case.compress_ratio, rope,
+                                                               implementation=impl)
+        bits = np.uint32 if fp32_keys else np.uint16
+        np.testing.assert_array_equal(np.asarray(x_pooled).view(bits), pooled.view(bits),
+                                      err_msg=f"{impl}/{name} pooled")
+        np.testing.assert_array_equal(np.asarray(x_first).astype(np.int64), first, err_msg=f"{impl}/{name} first")
     assert (ref_pooled == 0).all(axis=(1, 2)).any(), f"{name}: no invalid row, the edge rows did not take"
 
 
@@ -185,6 +194,9 @@ def main() -> int:
         _check("sparse_attention", name, lambda: _sparse(orig, rng, name, blocks, splits))
     for name, ring, with_rope in (("ring4_rope", 4, True), ("ring8_norope", 8, False)):
         _check("compress_groups_with_ratio", name, lambda: _compress(orig, rng, name, ring, with_rope))
+    for name, ring, ratio in (("ring5_ratio3_fp32", 5, 3), ("ring8_ratio7_fp32", 8, 7)):
+        _check("compress_groups_with_ratio", name,
+               lambda: _compress(orig, rng, name, ring, True, ratio=ratio, fp32_keys=True))
     from qsa_testing.cases import BF16
 
     for name, dtype in (("bf16_rows", BF16), ("fp32_rows", np.float32)):

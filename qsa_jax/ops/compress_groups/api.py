@@ -8,6 +8,7 @@ import jax
 
 from qsa_jax._implementations import REGISTRIES
 from qsa_jax.ops import _sharding
+from qsa_jax.ops._arrays import index_int32
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.compress_groups.base import CompressProblem, check_compress_args
 
@@ -49,7 +50,9 @@ def compress_groups_with_ratio(
                           compressor_state_block_table, token_to_req, query_start_loc,
                           logical_positions, compressed_slots, rope_cache,
                           compress_ratio=compress_ratio, implementation=implementation)
-    arrays = (raw_keys, raw_positions, compressor_state_cache, compressor_state_block_table,
-              token_to_req, query_start_loc, logical_positions, compressed_slots, rope_cache)
+    # vLLM's int64 indices: saturated to int32, never wrapped into range (positions keep their dtype).
+    arrays = (raw_keys, raw_positions, compressor_state_cache, index_int32(compressor_state_block_table),
+              index_int32(token_to_req), index_int32(query_start_loc), index_int32(logical_positions),
+              index_int32(compressed_slots), rope_cache)
     _sharding.check_compress_groups(problem, *arrays)
     return _run(*arrays, problem=problem, implementation=name)

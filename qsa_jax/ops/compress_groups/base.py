@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -37,6 +38,8 @@ def check_compress_args(raw_keys, raw_positions, compressor_state_cache,
     rows = int(np.size(token_to_req))
     if not isinstance(compress_ratio, (int, np.integer)) or compress_ratio <= 0:
         raise ValueError(f"compress_ratio must be a positive int; got {compress_ratio!r}")
+    if _shape(token_to_req) != (rows,):
+        raise ValueError(f"token_to_req must be [rows]; got {_shape(token_to_req)}")
     rk = _shape(raw_keys)
     if len(rk) != 3 or rk[:2] != (rows, 1):
         raise ValueError(f"raw_keys must be [rows={rows}, 1, head_dim]; got {rk}")
@@ -106,3 +109,12 @@ def row_metadata(p: CompressProblem, token_to_req, query_start_loc, logical_posi
     valid = (req_ok & (rows >= start) & (rows < end) & (e >= p.compress_ratio - 1)
              & (compressed_slots >= 0))
     return valid, start, chunk_start, e, jnp.where(block_ok, block, 0), block_ok
+
+
+def group_mean(acc, compress_ratio: int):
+    """fp32 ``acc / C`` as a true division. XLA's simplifier rewrites a division by a
+    broadcast scalar (constant or not) into a multiplication by its reciprocal: one fp32 ulp
+    apart when C is not a power of two. The originals divide (Triton's ``/``), and so must
+    every implementation (pooled = bf16(fp32 sum / C)): the divisor is a whole array behind
+    an optimisation barrier, which XLA cannot see as a broadcast."""
+    return acc / jax.lax.optimization_barrier(jnp.full(acc.shape, compress_ratio, jnp.float32))

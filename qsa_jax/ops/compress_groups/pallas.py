@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from qsa_jax.ops import _vma
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
-from qsa_jax.ops.compress_groups.base import CompressProblem
+from qsa_jax.ops.compress_groups.base import CompressProblem, group_mean
 
 
 def _kernel(keys_ref, pos_ref, ring_ref, table_ref, req_ref, qsl_ref, lpos_ref, slot_ref, *rest,
@@ -58,7 +58,9 @@ def _kernel(keys_ref, pos_ref, ring_ref, table_ref, req_ref, qsl_ref, lpos_ref, 
         ring = ring_ref[safe_block, jnp.remainder(jnp.maximum(pos, 0), s), 0, cols].astype(jnp.float32)
         member = jnp.where(valid & from_raw, raw, jnp.where(valid & ~from_raw & block_ok, ring, 0.0))
         acc = acc + member
-    pooled_ref[r, 0, cols] = (acc / c).astype(pooled_ref.dtype)
+    # On the GPU Triton divides, as the originals' kernel does; the interpreter runs the
+    # kernel as XLA, which would multiply by the reciprocal instead (group_mean).
+    pooled_ref[r, 0, cols] = (group_mean(acc, c) if interpret() else acc / c).astype(pooled_ref.dtype)
 
     first = e - c + 1
     if p.with_rope:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from qsa_jax.ops.compress_groups.base import CompressProblem, row_metadata
+from qsa_jax.ops.compress_groups.base import CompressProblem, group_mean, row_metadata
 
 
 def run(p: CompressProblem, raw_keys, raw_positions, ring, block_table,
@@ -29,7 +29,7 @@ def run(p: CompressProblem, raw_keys, raw_positions, ring, block_table,
         use_ring = valid & ~from_raw & block_ok
         member = jnp.where((valid & from_raw)[:, None], raw, jnp.where(use_ring[:, None], ring_val, 0.0))
         acc = acc + member
-    pooled = (acc / c).astype(raw_keys.dtype)[:, None, :]
+    pooled = group_mean(acc, c).astype(raw_keys.dtype)[:, None, :]
 
     first = e - c + 1
     if p.with_rope:

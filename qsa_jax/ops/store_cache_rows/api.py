@@ -8,6 +8,7 @@ import jax
 
 from qsa_jax._implementations import REGISTRIES
 from qsa_jax.ops import _sharding
+from qsa_jax.ops._arrays import index_int32
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.store_cache_rows.base import StoreProblem, check_store_args
 
@@ -44,6 +45,7 @@ def store_cache_rows(cache, slot_mapping, rows, *, donate: bool = False,
     one lands is unspecified (as in the originals).
     """
     problem, name = _plan(cache, slot_mapping, rows, implementation=implementation)
+    slot_mapping = index_int32(slot_mapping)  # vLLM's int64: saturated, never wrapped into range
     _sharding.check_store_cache_rows(cache, slot_mapping, rows)
     run = _run_donated if donate else _run
     return run(cache, slot_mapping, rows, problem=problem, implementation=name)
