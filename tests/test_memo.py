@@ -52,3 +52,36 @@ def test_sparse_attention_plan_is_memoised_but_bad_args_still_raise():
     for _ in range(2):
         with pytest.raises(TypeError, match="q must be bfloat16"):
             qsa_jax.sparse_attention(case.q.astype(np.float32), *args[1:])
+
+
+def test_a_value_equal_to_a_memoised_one_but_of_another_type_is_checked_again():
+    """4.0 == 4 (and hashes alike): a check that refuses the float must refuse it also after the
+    int was memoised, for a static scalar, a tuple and a named tuple (which come back rebuilt,
+    as given)."""
+    from qsa_jax.config import SparseAttentionConfig
+
+    seen = []
+
+    @memoised
+    def check(x, *, ratio, config):
+        seen.append(config)
+        if not isinstance(ratio, int) or not all(isinstance(c, int) for c in config):
+            raise ValueError("not an int")
+        return ratio
+
+    a = np.ones((2, 3))
+    named = SparseAttentionConfig(16, 4, 2, 1)
+    assert check(a, ratio=4, config=(16, 4, 2, 1)) == 4 and check(a, ratio=4, config=named) == 4
+    assert type(seen[-1]) is SparseAttentionConfig and seen[-1] == named
+    for ratio, config in ((4.0, (16, 4, 2, 1)), (4, (16.0, 4, 2, 1)), (4, SparseAttentionConfig(16.0, 4, 2, 1))):
+        with pytest.raises(ValueError, match="not an int"):
+            check(a, ratio=ratio, config=config)
+    # Through the operators: the bad value raises after the good one ran (it did not before).
+    rng = np.random.default_rng(0)
+    cc = C.compress_case(rng, chunk_lens=[3, 2], head_dim=16)
+    arrays = {k: jax.numpy.asarray(v) for k, v in cc.arrays().items()}
+    qsa_jax.compress_groups_with_ratio(**arrays, compress_ratio=4, implementation="xla")
+    with pytest.raises(ValueError, match="compress_ratio"):
+        qsa_jax.compress_groups_with_ratio(**arrays, compress_ratio=4.0, implementation="xla")
+    with pytest.raises(ValueError, match="row_stride"):
+        qsa_jax.StridedQuery(np.zeros((12, 16), np.float32), 3, 4, 4.0)

@@ -41,17 +41,33 @@ def stand_in(s):
     return jax.ShapeDtypeStruct(*s)
 
 
+def _typed(value):
+    """A static argument with its type: 4 and 4.0 compare (and hash) equal, but a check may
+    accept one and refuse the other, so they must not share a memo entry. Sequences (tuples,
+    named tuples, lists) are typed element by element and rebuilt by ``_untyped``."""
+    if isinstance(value, (tuple, list)):
+        return ("seq", type(value)) + tuple(_typed(v) for v in value)
+    return (type(value), value)
+
+
+def _untyped(typed):
+    if typed[0] != "seq":
+        return typed[1]
+    cls, values = typed[1], [_untyped(v) for v in typed[2:]]
+    return cls(*values) if hasattr(cls, "_fields") else cls(values)  # a named tuple takes fields
+
+
 def memoised(check):
     """Wrap ``check(*arrays, **static)`` so it runs once per (array specs, static args)."""
 
     @functools.lru_cache(maxsize=4096)
     def cached(specs, static):
-        return check(*(stand_in(s) for s in specs), **dict(static))
+        return check(*(stand_in(s) for s in specs), **{k: _untyped(v) for k, v in static})
 
     def call(*arrays, **static):
         try:
             specs = tuple(spec(a) for a in arrays)
-            key_static = tuple(sorted(static.items()))
+            key_static = tuple(sorted((k, _typed(v)) for k, v in static.items()))
             hash(key_static)
         except (AttributeError, TypeError):  # not array-like / unhashable: check directly
             return check(*arrays, **static)

@@ -196,6 +196,14 @@ class StridedQuery:
     head_stride: int = 1
     offset: int = 0
 
+    def __post_init__(self):
+        # Checked here, not only with the call's other arguments: the layout is static, and
+        # 4.0 == 4 would let a float field match a memoised int one.
+        for name in ("num_rows", "num_heads", "row_stride", "head_stride", "offset"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"StridedQuery.{name} must be a non-negative int; got {value!r}")
+
     @classmethod
     def from_columns(cls, rows, *, start: int, num_heads: int, head_dim: int) -> "StridedQuery":
         """q = columns ``[start, start + num_heads * head_dim)`` of each row of the 2-D
