@@ -102,13 +102,20 @@ def _placement(q, k_cache, v_cache, logical_indices, block_table, token_to_req, 
         raise AssertionError("output_gate must be contiguous")
 
 
-def check_scale(name: str, value: float) -> None:
+def check_scale(name: str, value: float, head_dim: int) -> None:
     """A dequantisation scale must be a positive finite number: 0.34 folds it into the
     softmax and output scales unchecked (NaN, inf, 0 or a negative would silently
-    poison or flip every output)."""
+    poison or flip every output). So must the fp32 the kernels receive, and for k_scale the
+    score multiplier derived from it (qsa_jax's ``check_host_scale``)."""
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"qsa_sparse_paged_attention: {name} must be a finite number > 0; "
                          f"got {value!r}")
+    from qsa_jax.ops.sparse_attention.base import check_host_scale
+
+    try:
+        check_host_scale(name, value, head_dim if name == "k_scale" else None)
+    except ValueError as exc:
+        raise ValueError(f"qsa_sparse_paged_attention: {exc}") from None
 
 
 def check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, out,
@@ -125,8 +132,8 @@ def check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req
         scales = _dtypes_034(q, k_cache, v_cache, k_scale, v_scale)
     _placement(q, k_cache, v_cache, logical_indices, block_table, token_to_req, out, output_gate)
     if scales is not None:
-        check_scale("k_scale", scales[0])
-        check_scale("v_scale", scales[1])
+        check_scale("k_scale", scales[0], q.shape[-1])
+        check_scale("v_scale", scales[1], q.shape[-1])
     return scales
 
 

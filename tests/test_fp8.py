@@ -201,6 +201,12 @@ def _call(case, kv, **kw):
     (dict(k_scale=1.0, v_scale=float("inf")), ValueError, "v_scale must be finite and > 0"),
     (dict(k_scale=0.0, v_scale=1.0), ValueError, "k_scale must be finite and > 0"),
     (dict(k_scale=1.0, v_scale=-2.0), ValueError, "v_scale must be finite and > 0"),
+    # Finite as Python floats, not as the kernels' fp32 (inf, 0, subnormal), or the score
+    # multiplier D^-0.5 k_scale log2(e) below fp32's normal range (D = 16 here).
+    (dict(k_scale=1.0, v_scale=1e39), ValueError, "v_scale = 1e\\+39 is outside fp32's normal range"),
+    (dict(k_scale=1e-46, v_scale=1.0), ValueError, "k_scale = 1e-46 is outside fp32's normal range"),
+    (dict(k_scale=1.0, v_scale=1e-39), ValueError, "v_scale = 1e-39 is outside"),
+    (dict(k_scale=2e-38, v_scale=1.0), ValueError, "k_scale = 2e-38 .*score multiplier"),
     (dict(k_scale="1.0x", v_scale=1.0), TypeError, "k_scale must be a float"),
     (dict(k_scale=1.0, v_scale=np.ones(2)), TypeError, "v_scale must be a float"),
 ])

@@ -137,7 +137,8 @@ def test_fp8_exception_parity_with_0_34(name):
 
 @pytest.mark.parametrize("which", ["k_scale", "v_scale"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0.0, -0.5,
-                                   np.float32("nan"), torch.tensor(float("nan"))])
+                                   np.float32("nan"), torch.tensor(float("nan")),
+                                   1e39, 1e-46, 1e-39])  # inf, 0 and subnormal as the kernels' fp32
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8])
 def test_bad_scale_values_raise_value_error_naming_the_argument(which, value, dtype, monkeypatch):
     """Where 0.34 defines nothing (it folds the scale in unchecked): ValueError, before launch."""

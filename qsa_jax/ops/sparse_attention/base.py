@@ -461,8 +461,14 @@ def check_tiling(config, width: int) -> SparseAttentionConfig:
     return cfg
 
 
-def _host_scale(name: str, value) -> float | None:
-    """A concrete scale as a Python float (None when traced), checked: finite and > 0."""
+_F32_NORMAL = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
+
+
+def check_host_scale(name: str, value, head_dim: int | None = None) -> float | None:
+    """A concrete scale as a Python float (None when traced), checked: finite and > 0 as the
+    fp32 the kernels receive (a normal number: 1e39 would be inf there, 1e-46 zero, and a
+    subnormal is flushed to zero on the GPU); with ``head_dim``, so is the score multiplier
+    D^-0.5 k_scale log2(e) derived from it."""
     if isinstance(value, jax.core.Tracer):
         return None
     try:
@@ -471,6 +477,16 @@ def _host_scale(name: str, value) -> float | None:
         raise TypeError(f"{name} must be a float; got {type(value).__name__} {value!r}") from None
     if not (math.isfinite(f) and f > 0):
         raise ValueError(f"{name} must be finite and > 0; got {f!r}")
+    low, high = _F32_NORMAL
+    with np.errstate(over="ignore", under="ignore"):
+        derived = [("", float(np.float32(f)))]
+        if head_dim is not None:
+            derived.append((f" (with D = {head_dim}, the score multiplier D^-0.5 * k_scale * log2(e))",
+                            score_scale(head_dim, f)))
+    for what, x in derived:
+        if not low <= x <= high:
+            raise ValueError(f"{name} = {f!r} is outside fp32's normal range [{low:.3g}, {high:.3g}]{what}: "
+                             f"the kernels would compute with {x!r}")
     return f
 
 
@@ -501,7 +517,7 @@ def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
     """
     if not problem.scaled:
         return None
-    ks, vs = _host_scale("k_scale", k_scale), _host_scale("v_scale", v_scale)
+    ks, vs = check_host_scale("k_scale", k_scale, problem.head_dim), check_host_scale("v_scale", v_scale)
     d = problem.head_dim
     if not problem.is_fp8:
         return _scale_pair(d, 1.0, 1.0)
