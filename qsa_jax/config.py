@@ -27,6 +27,8 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from qsa_jax.arg_specs import MAX_WARMUP_ROWS
 
 if TYPE_CHECKING:  # the problem type lives with the operator, which imports this module
@@ -280,6 +282,9 @@ def select_config(
     see ``table_tiling``. ``table="vllm-0.30"`` is exactly vLLM 0.30.0's
     ``_select_config``; ``table="vllm-0.34"`` is 0.34.0's for that capability.
     """
+    for name, value in (("num_rows", num_rows), ("num_kv_heads", num_kv_heads), ("num_columns", num_columns)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise TypeError(f"select_config: {name} must be an int; got {value!r}")
     if num_rows < 0 or num_kv_heads <= 0 or num_columns <= 0:
         raise ValueError(
             f"select_config needs num_rows >= 0, num_kv_heads > 0, num_columns > 0; got "

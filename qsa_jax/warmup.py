@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from qsa_jax.arg_specs import MAX_WARMUP_ROWS
 from qsa_jax.config import TABLE_NAMES, PallasLaunch, TritonLaunch, first_rows, select_config
@@ -111,6 +112,11 @@ def warmup(
             raise ValueError(f"warmup: row_counts must be ints >= 0; got {row_counts!r}")
     layout, arrays = as_kv_layout(kv)
     hk, d = layout.num_kv_heads, layout.head_dim
+    for name, value in (("num_query_heads", num_query_heads), ("selection_width", selection_width)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"warmup: {name} must be an int >= 1; got {value!r}")
+    if num_query_heads % hk:
+        raise ValueError(f"warmup: num_query_heads={num_query_heads} is not a multiple of the cache's {hk} KV heads")
     is_fp8 = kv_format(arrays) != "bf16"
     with_scales = is_fp8 if with_scales is None else bool(with_scales)
     if is_fp8 and not with_scales:

@@ -125,6 +125,14 @@ def check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req
     Returns ``(k_scale, v_scale)`` as floats for an fp8 cache, None for bf16.
     """
     _shapes(q, k_cache, v_cache, logical_indices, block_table, token_to_req)
+    # The originals' dtype asserts come next and fail for anything but a torch tensor (a NumPy
+    # array's dtype is never torch's): AssertionError, as they raise it, naming the argument.
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("logical_indices", logical_indices),
+                    ("block_table", block_table), ("token_to_req", token_to_req), ("out", out),
+                    ("output_gate", output_gate)):
+        if not (isinstance(x, torch.Tensor) or (x is None and name == "out")):
+            raise AssertionError(f"qsa_sparse_paged_attention: {name} must be a torch.Tensor; got "
+                                 f"{type(x).__module__}.{type(x).__name__}")
     if surface == "0.30":
         _dtypes_030(q, k_cache, v_cache)
         scales = None
@@ -157,6 +165,10 @@ def check_compress(raw_keys, raw_positions, compressor_state_cache, compressor_s
                     token_to_req, query_start_loc, logical_positions, compressed_slots,
                     compress_ratio, rope_cache):
     rows = token_to_req.numel()
+    if not isinstance(compress_ratio, int) or isinstance(compress_ratio, bool):
+        # The originals' kernel takes it as a loop bound (a float fails there); int() would
+        # silently pool groups of floor(C).
+        raise TypeError(f"qsa_compress_groups_with_ratio: compress_ratio must be an int; got {compress_ratio!r}")
     if compress_ratio <= 0:
         raise ValueError(f"qsa_compress_groups_with_ratio: compress_ratio must be >= 1; got {compress_ratio}")
     if raw_keys.ndim != 3 or raw_keys.shape[:2] != (rows, 1):

@@ -64,6 +64,13 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
     and the import lookups (``_call_cache``: one key, one dict lookup). A call that names
     no implementation takes the process default (``set_sparse_implementation``), else
     ``_eager.default_route``'s (``_eager.sparse_route``)."""
+    if not all(isinstance(x, torch.Tensor) for x in (q, k_cache, v_cache, logical_indices, block_table,
+                                                     token_to_req, output_gate)) or not (
+            out is None or isinstance(out, torch.Tensor)):
+        # Raise as the originals do (their shape checks, then AssertionError) before any
+        # routing reads a device or a pointer.
+        _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, out, output_gate,
+                             k_scale, v_scale, surface=surface)
     implementation = _eager.sparse_route(implementation, q.device)
     if implementation == _direct.NAME:
         scales = _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table,

@@ -337,6 +337,9 @@ def test_empty_batch_returns_like_original(orig):
 # ("requires Triton"/CUDA) before these checks, so the types are recorded here.
 COMPRESS_BAD = {
     "ratio_zero": (lambda a: {**a, "compress_ratio": 0}, ValueError),
+    # A float ratio: the originals' kernel fails on it (a loop bound; TypeError in Triton's
+    # interpreter); the shim once pooled int(4.5) = 4 members.
+    "ratio_float": (lambda a: {**a, "compress_ratio": 4.5}, TypeError),
     "raw_keys_2d": (lambda a: {**a, "raw_keys": a["raw_keys"][:, 0]}, ValueError),
     "raw_keys_rows": (lambda a: {**a, "raw_keys": a["raw_keys"][:-1]}, ValueError),
     "positions_int32": (lambda a: {**a, "raw_positions": a["raw_positions"].int()}, ValueError),

@@ -113,6 +113,10 @@ BAD_FP8 = {
     "scale_object": lambda a: (a, 0.5, object()),
     "nan_scale_and_int64_indices": lambda a: ([*a[:3], a[3].long(), *a[4:]], float("nan"), 2.0),
     "nan_scale_and_bad_shape": lambda a: ([a[0][:, :1], *a[1:]], float("nan"), 2.0),
+    # NumPy arrays for tensors (the originals assert on their dtypes; the shim once failed in
+    # its routing with an AttributeError).
+    "numpy_q": lambda a: ([a[0].float().numpy(), *a[1:]], 0.5, 2.0),
+    "numpy_indices": lambda a: ([*a[:3], a[3].numpy(), *a[4:]], 0.5, 2.0),
 }
 
 

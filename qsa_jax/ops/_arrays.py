@@ -15,6 +15,12 @@ def require_arrays(**named) -> None:
     for name, x in named.items():
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise TypeError(f"{name} must be an array (jax.Array or numpy.ndarray); got {type(x).__name__}")
+        try:
+            np.dtype(x.dtype)
+        except TypeError:  # e.g. a torch tensor: its dtype is torch's own
+            raise TypeError(f"{name} must be a JAX or NumPy array; got {type(x).__module__}.{type(x).__name__} "
+                            f"of dtype {x.dtype} (torch tensors: use qsa_torch_shim, or jax.dlpack.from_dlpack)"
+                            ) from None
 
 
 _INT32 = np.iinfo(np.int32)

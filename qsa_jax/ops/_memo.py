@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 
 
 def spec(x):
@@ -21,6 +22,7 @@ def spec(x):
     if isinstance(x, (tuple, list)):
         return ("seq",) + tuple(spec(a) for a in x)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
+        np.dtype(x.dtype)  # a torch tensor's dtype is not one: TypeError, and the check itself says so
         return (tuple(x.shape), x.dtype)
     # A registered pytree (e.g. ``StridedQuery``): its static fields live in the
     # treedef, which is hashable; its arrays are described like any array.

@@ -105,6 +105,12 @@ def sparse_attention(
     Returns:
       [R, H, D] bf16.
     """
+    if isinstance(use_prefill_config, jax.core.Tracer):
+        raise TypeError("sparse_attention: use_prefill_config must be a Python bool (it picks the tiling "
+                        "when the call is traced); got a traced value")
+    if not (config is None or isinstance(config, (str, Sequence))):
+        raise TypeError(f"sparse_attention: config must be a tiling (block_n, num_warps, num_tiles, "
+                        f"num_splits), a table name or None; got {type(config).__name__} {config!r}")
     problem, name = _plan(q, kv, logical_indices, block_table, token_to_req, output_gate,
                           use_prefill_config=bool(use_prefill_config),
                           config=config if config is None or isinstance(config, str) else tuple(config),

@@ -523,6 +523,9 @@ def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
         return _scale_pair(d, 1.0, 1.0)
     if ks is not None and vs is not None:
         return _scale_pair(d, ks, vs)
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if np.size(value) != 1:
+            raise ValueError(f"{name} must be a scalar; got shape {np.shape(value)}")
     k = jnp.asarray(k_scale, jnp.float32).reshape(())
     v = jnp.asarray(v_scale, jnp.float32).reshape(())
     return jnp.stack([(jnp.float32(d ** -0.5) * k) * jnp.float32(LOG2_E), v])
