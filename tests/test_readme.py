@@ -1,11 +1,14 @@
-"""README's layout table names every module of the tree (so it cannot drift from it)."""
+"""README's layout table names every module of the tree (so it cannot drift from it), and its
+Python examples run."""
 
 from __future__ import annotations
 
 import fnmatch
+import os
 import pathlib
 import re
 import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Folders whose modules and scripts the table must name; generated or per-session files are out.
@@ -69,3 +72,52 @@ def test_layout_check_sees_an_unnamed_module():
     # A module name of one folder's row covers no other folder's file of that name.
     assert _unnamed_modules(readme, ["qsa_jax/run.py", "qsa_jax/ops/sparse_attention/plan.py"]) == [
         "qsa_jax/run.py", "qsa_jax/ops/sparse_attention/plan.py"]
+
+
+def _python_blocks(readme: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", readme, re.S)
+
+
+_STAND_INS = """
+import numpy as np, jax.numpy as jnp
+from qsa_testing import cases as C
+from qsa_testing.torch_interop import kv_views, to_torch
+
+rng = np.random.default_rng(0)
+case = C.sparse_attention_case(rng, rows=4, num_query_heads=24, num_kv_heads=2, head_dim=16, page_size=8,
+                               selection_blocks=3, context_tokens=40)
+store = C.store_case(rng, n=4, pages=4, page_size=4, width=24)
+JAX_ARRAYS = dict(zip(("q", "kv_cache", "logical_indices", "block_table", "token_to_req", "output_gate",
+                       "cache", "slot_mapping", "rows"),
+                      (jnp.asarray(x) for x in (case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                                case.token_to_req, case.output_gate, store.cache,
+                                                store.slot_mapping, store.rows))))
+t = lambda x: to_torch(np.asarray(x), "cpu")
+k_cache, v_cache = kv_views(t(case.kv_cache), 16)
+TORCH_ARRAYS = dict(q=t(case.q), k_cache=k_cache, v_cache=v_cache, logical_indices=t(case.logical_indices),
+                    block_table=t(case.block_table), token_to_req=t(case.token_to_req), gate=t(case.output_gate),
+                    use_prefill_config=False, out=None, k_scale=None, v_scale=None)
+"""
+
+
+def test_readme_python_blocks_run():
+    """Every Python example in README runs as written, each in a namespace holding only its
+    input arrays (so it must import what it uses), on stand-ins of small shapes, in one
+    subprocess with 8 forced host devices (the mesh example needs them). A line calling with
+    ``(...)`` (a placeholder) is skipped; ``warmup`` compiles one row count."""
+    blocks = _python_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) >= 3
+    script = [_STAND_INS]
+    for i, block in enumerate(blocks):
+        code = "\n".join(line for line in block.splitlines() if "(...)" not in line).replace(
+            "qsa_jax.warmup(kv_cache, block_table,",
+            "qsa_jax.warmup(kv_cache, block_table, row_counts=[1], persistent_cache=False,")
+        arrays = "TORCH_ARRAYS" if "qsa_torch_shim" in code else "JAX_ARRAYS"
+        script.append(f"exec({code!r}, dict({arrays}))\nprint('block {i} ran')")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", "\n".join(script)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for i in range(len(blocks)):
+        assert f"block {i} ran" in done.stdout
