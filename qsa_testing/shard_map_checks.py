@@ -19,7 +19,9 @@ Checked here, for every implementation that can run or lower on this machine:
 - Pallas lowered for CUDA (forward, gradient, indexer operators) with the check on; its CPU
   interpreter refused with a clear error, and the JAX limitation behind that refusal
   still present (a canary that fails once a JAX upgrade lifts it);
-- vLLM 0.34's fp8 arithmetic with host and per-device traced k/v scales; ``shard_map``s
+- vLLM 0.34's fp8 arithmetic with host and per-device traced k/v scales, and its gradients
+  (the replicated scales get the shards' summed cotangent, also where the shard_map leaves an
+  Explicit axis to the operator); ``shard_map``s
   manual over some axes only (Auto mesh: XLA gathers what is split over the automatic axis;
   Explicit mesh: per shard, its gradient with a replicated cache refused);
 - second derivatives, and ``check_vma=False`` (the forward bit for bit; there JAX sums a
@@ -189,6 +191,78 @@ def scaled_check():
         if problem:
             return problem
     return None
+
+
+def scaled_gradient_checks(results):
+    """Gradients of the scales (and of q) through vLLM 0.34's arithmetic inside shard_map, with
+    per-device e4m3 caches and rows split over "data": the scales, replicated, get the sum of the
+    shards' cotangents (to fp32 rounding), q each shard's own. Fully manual (rows x heads, check
+    on and off) and manual over "data" only with heads over the Explicit "model" axis (there the
+    operator's own shard_map cannot see "data": backward._bwd sums the pair)."""
+    mc = mesh_case((2, 2), ("data", "model"), "data", "model", True, True, seed=19, kv_dtype=E4M3)
+    case, mesh = mc.case, mc.mesh
+    bt = jnp.asarray(case.block_table)
+    ct = np.random.default_rng(19).standard_normal(case.q.shape).astype(np.float32)
+
+    def loss(q, kv, li, t2r, g, ks, vs, c, config=None):
+        out = qsa_jax.sparse_attention(q, kv, li, bt, t2r, g, implementation="xla", k_scale=ks, v_scale=vs,
+                                       config=config)
+        return jnp.sum(out.astype(jnp.float32) * c)
+
+    # The reference at the (row, head) shard's own tiling, which the shards pick for themselves.
+    grad = jax.jit(jax.grad(functools.partial(loss, config=tuple(mc.config)), (0, 5, 6)))
+    half = ROWS // 2
+    want_q, want_scales = [], np.zeros(2)
+    for i in range(2):  # each row shard: its own problem on the whole (per-device) cache
+        rows = slice(i * half, (i + 1) * half)
+        dq, dks, dvs = grad(jnp.asarray(case.q[rows]), jnp.asarray(mc.kv), jnp.asarray(case.logical_indices[rows]),
+                            jnp.asarray(case.token_to_req[rows]), jnp.asarray(case.output_gate[rows]),
+                            jnp.float32(0.5), jnp.float32(2.0), jnp.asarray(ct[rows]))
+        want_q.append(np.asarray(dq, np.float32))
+        want_scales += (float(dks), float(dvs))
+    kv_per_device = np.stack([np.asarray(mc.kv)] * 2)  # [2, NB, Hk, P, 2D], split over "data"
+
+    def body(axes):  # the loss summed over the shards that split it
+        return lambda q, kv, li, t2r, g, ks, vs, c: jax.lax.psum(loss(q, kv[0], li, t2r, g, ks, vs, c), axes)
+
+    def compare(got):
+        dq, dks, dvs = got
+        mine = np.array([float(dks), float(dvs)])
+        if not np.allclose(mine, want_scales, rtol=1e-5, atol=0):
+            return f"scale cotangents {mine}, the shards' sum {want_scales}"
+        return _differs("dq", np.asarray(dq, np.float32), np.concatenate(want_q))
+
+    def fully_manual(check_vma):
+        def run():
+            specs = (P("data", "model"), P("data", None, "model"), P("data"), P("data"), P("data", "model"), P(),
+                     P(), P("data", "model"))
+            f = jax.shard_map(body(("data", "model")), mesh=mesh, in_specs=specs, out_specs=P(),
+                              check_vma=check_vma)
+            with jax.set_mesh(mesh):
+                put = lambda x, spec: sharding_put(mesh, x, *spec)  # noqa: E731
+                args = (put(case.q, ("data", "model")), put(kv_per_device, ("data", None, "model")),
+                        put(case.logical_indices, ("data",)), put(case.token_to_req, ("data",)),
+                        put(case.output_gate, ("data", "model")), jnp.float32(0.5), jnp.float32(2.0),
+                        put(ct, ("data", "model")))
+                return compare(jax.jit(jax.grad(f, (0, 5, 6)))(*args))
+        return run
+
+    def partly_manual():
+        specs = (P("data"), P("data"), P("data"), P("data"), P("data"), P(), P(), P("data"))
+        f = jax.shard_map(body("data"), mesh=mesh, in_specs=specs, out_specs=P(), axis_names={"data"},
+                          check_vma=True)
+        with jax.set_mesh(mesh):
+            put = lambda x, spec: sharding_put(mesh, x, *spec)  # noqa: E731
+            args = (put(case.q, ("data", "model")), put(kv_per_device, ("data", None, "model")),
+                    put(case.logical_indices, ("data",)), put(case.token_to_req, ("data",)),
+                    put(case.output_gate, ("data", "model")), jnp.float32(0.5), jnp.float32(2.0),
+                    put(ct, ("data", "model")))
+            return compare(jax.jit(jax.grad(f, (0, 5, 6)))(*args))
+
+    for check_vma in (True, False):
+        _run_case(results, f"sparse_attention/xla/fp8-scaled-grad/manual/check_vma={check_vma}",
+                  fully_manual(check_vma))
+    _run_case(results, "sparse_attention/xla/fp8-scaled-grad/explicit-partly-manual", partly_manual)
 
 
 def refuses_replicated_out_specs(mc, implementation, trace_only=False) -> str | None:
@@ -599,6 +673,7 @@ def main(argv=None) -> int:
                         f"/check_vma={check_vma}")
                 _run_case(results, name, lambda: attention_check(layout, fused, check_vma, seed=40 + i))
     _run_case(results, "sparse_attention/xla/rows2xheads2/fp8-scaled", scaled_check)
+    scaled_gradient_checks(results)
     rows = mesh_case((2,), ("data",), "data", None, True, False, seed=3)
     _run_case(results, "sparse_attention/xla/out_specs-refused", lambda: refuses_replicated_out_specs(rows, "xla"))
     partly_automatic(results)

@@ -31,6 +31,9 @@ def test_every_case_passes(results):
     *(f"sparse_attention/xla/{layout}/{kv}/check_vma=True" for layout in ("heads", "rows", "rows2xheads2")
       for kv in ("fused", "split")),
     "sparse_attention/xla/rows/split/check_vma=False", "sparse_attention/xla/rows2xheads2/fp8-scaled",
+    "sparse_attention/xla/fp8-scaled-grad/manual/check_vma=True",
+    "sparse_attention/xla/fp8-scaled-grad/manual/check_vma=False",
+    "sparse_attention/xla/fp8-scaled-grad/explicit-partly-manual",
     "sparse_attention/xla/out_specs-refused", "sparse_attention/xla/empty-batch-typed",
     "compress/xla/empty-batch-typed", "store/xla/empty-batch-typed",
     "per-device/sparse_attention/xla", "per-device/compress/xla", "per-device/store/xla",

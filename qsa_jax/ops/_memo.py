@@ -22,7 +22,8 @@ def spec(x):
     if isinstance(x, (tuple, list)):
         return ("seq",) + tuple(spec(a) for a in x)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        np.dtype(x.dtype)  # a torch tensor's dtype is not one: TypeError, and the check itself says so
+        if not isinstance(x.dtype, np.dtype):  # e.g. a torch tensor: the check itself names it
+            raise TypeError(f"{type(x).__name__} has no NumPy dtype")
         return (tuple(x.shape), x.dtype)
     # A registered pytree (e.g. ``StridedQuery``): its static fields live in the
     # treedef, which is hashable; its arrays are described like any array.
@@ -43,37 +44,30 @@ def stand_in(s):
     return jax.ShapeDtypeStruct(*s)
 
 
-def _typed(value):
-    """A static argument with its type: 4 and 4.0 compare (and hash) equal, but a check may
-    accept one and refuse the other, so they must not share a memo entry. Sequences (tuples,
-    named tuples, lists) are typed element by element and rebuilt by ``_untyped``."""
-    if isinstance(value, (tuple, list)):
-        return ("seq", type(value)) + tuple(_typed(v) for v in value)
-    return (type(value), value)
-
-
-def _untyped(typed):
-    if typed[0] != "seq":
-        return typed[1]
-    cls, values = typed[1], [_untyped(v) for v in typed[2:]]
-    return cls(*values) if hasattr(cls, "_fields") else cls(values)  # a named tuple takes fields
+def _type_signature(values) -> tuple:
+    """The types of static arguments: 4, 4.0 and True compare (and hash) equal, but a check
+    may accept one and refuse another, so they must not share a memo entry. Keyed beside the
+    values it keeps them apart; a tuple's elements are typed one level deep (the operators'
+    static arguments are flat)."""
+    return tuple([(type(v),) + tuple(map(type, v)) if isinstance(v, tuple) else type(v) for v in values])
 
 
 def memoised(check):
     """Wrap ``check(*arrays, **static)`` so it runs once per (array specs, static args)."""
 
     @functools.lru_cache(maxsize=4096)
-    def cached(specs, static):
-        return check(*(stand_in(s) for s in specs), **{k: _untyped(v) for k, v in static})
+    def cached(specs, static, _types):
+        return check(*(stand_in(s) for s in specs), **dict(static))
 
     def call(*arrays, **static):
         try:
             specs = tuple(spec(a) for a in arrays)
-            key_static = tuple(sorted((k, _typed(v)) for k, v in static.items()))
+            # In call order: each operator calls its memo with one order (another is a miss).
+            key_static = tuple(static.items())
             hash(key_static)
         except (AttributeError, TypeError):  # not array-like / unhashable: check directly
             return check(*arrays, **static)
-        return cached(specs, key_static)
+        return cached(specs, key_static, _type_signature(static.values()))
 
     call.cache_clear = cached.cache_clear
     return call

@@ -437,10 +437,10 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
     if not d_scales:
         return results
     # The scale pair's cotangent is a sum over every (row, query head): the shards' partial
-    # sums add up over the axes that split rows or heads.
-    scales = rest[-1]
+    # sums add up over the axes that split rows or heads. (Over a caller's shard_map axes
+    # backward._bwd sums it, where its type says which.)
     split = tuple(dict.fromkeys(ax for role in (ROWS, HEADS, KV_HEADS) for ax in axes.get(role, ())))
-    return results + (summed(d_scales[0], split + _vma.missing(scales, union), scales),)
+    return results + (summed(d_scales[0], split, rest[-1]),)
 
 
 def _attention_layout_of(problem, q, gate, step="forward") -> Layout:

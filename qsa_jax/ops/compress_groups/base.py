@@ -116,5 +116,8 @@ def group_mean(acc, compress_ratio: int):
     broadcast scalar (constant or not) into a multiplication by its reciprocal: one fp32 ulp
     apart when C is not a power of two. The originals divide (Triton's ``/``), and so must
     every implementation (pooled = bf16(fp32 sum / C)): the divisor is a whole array behind
-    an optimisation barrier, which XLA cannot see as a broadcast."""
+    an optimisation barrier, which XLA cannot see as a broadcast. Checked against the
+    originals in Triton's CPU interpreter (IEEE division); on a GPU Triton's fp32 ``/`` may be
+    the approximate ``div.full.f32``, so there the XLA implementation at a C that is not a
+    power of two is unverified (vLLM's C is 4: exact either way)."""
     return acc / jax.lax.optimization_barrier(jnp.full(acc.shape, compress_ratio, jnp.float32))

@@ -128,7 +128,14 @@ def _bwd(problem, implementation, residuals, d_out):
         "backward", backward, (), problem, q, kv_arrays, logical_indices, block_table, token_to_req,
         output_gate, attention, lse, d_out, *extra)
     dkv, dgate = rest[:len(kv_arrays)], rest[len(kv_arrays)]
-    d_scales = rest[-1] if scales is not None else None
+    d_scales = None
+    if scales is not None:
+        # Inside a caller's shard_map (check_vma=True) the pair (a layer's scalars, replicated)
+        # has per-shard partial cotangents over the caller's manual axes that split rows or
+        # heads: their sum is its cotangent (as for any argument replicated there).
+        d_scales = rest[-1]
+        over = _vma.missing(scales, _vma.varying(d_scales))
+        d_scales = jax.lax.psum(d_scales, over) if over else d_scales
     return (dq, tuple(cache_cotangent(x, a) for x, a in zip(dkv, kv_arrays)), None, None, None, dgate,
             d_scales)
 

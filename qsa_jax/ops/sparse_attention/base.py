@@ -475,6 +475,12 @@ def check_host_scale(name: str, value, head_dim: int | None = None) -> float | N
         f = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a float; got {type(value).__name__} {value!r}") from None
+    return _checked_scale(name, f, head_dim)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_scale(name: str, f: float, head_dim: int | None) -> float:
+    # Once per distinct value (a layer's scales repeat every call); a failure is not cached.
     if not (math.isfinite(f) and f > 0):
         raise ValueError(f"{name} must be finite and > 0; got {f!r}")
     low, high = _F32_NORMAL
