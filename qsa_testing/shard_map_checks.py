@@ -232,32 +232,25 @@ def scaled_gradient_checks(results):
             return f"scale cotangents {mine}, the shards' sum {want_scales}"
         return _differs("dq", np.asarray(dq, np.float32), np.concatenate(want_q))
 
-    def fully_manual(check_vma):
-        def run():
-            specs = (P("data", "model"), P("data", None, "model"), P("data"), P("data"), P("data", "model"), P(),
-                     P(), P("data", "model"))
-            f = jax.shard_map(body(("data", "model")), mesh=mesh, in_specs=specs, out_specs=P(),
-                              check_vma=check_vma)
-            with jax.set_mesh(mesh):
-                put = lambda x, spec: sharding_put(mesh, x, *spec)  # noqa: E731
-                args = (put(case.q, ("data", "model")), put(kv_per_device, ("data", None, "model")),
-                        put(case.logical_indices, ("data",)), put(case.token_to_req, ("data",)),
-                        put(case.output_gate, ("data", "model")), jnp.float32(0.5), jnp.float32(2.0),
-                        put(ct, ("data", "model")))
-                return compare(jax.jit(jax.grad(f, (0, 5, 6)))(*args))
-        return run
-
-    def partly_manual():
-        specs = (P("data"), P("data"), P("data"), P("data"), P("data"), P(), P(), P("data"))
-        f = jax.shard_map(body("data"), mesh=mesh, in_specs=specs, out_specs=P(), axis_names={"data"},
-                          check_vma=True)
+    def grads_through(f):  # rows over "data", heads over "model" in both runs
         with jax.set_mesh(mesh):
-            put = lambda x, spec: sharding_put(mesh, x, *spec)  # noqa: E731
-            args = (put(case.q, ("data", "model")), put(kv_per_device, ("data", None, "model")),
-                    put(case.logical_indices, ("data",)), put(case.token_to_req, ("data",)),
-                    put(case.output_gate, ("data", "model")), jnp.float32(0.5), jnp.float32(2.0),
-                    put(ct, ("data", "model")))
+            put = lambda x, *spec: sharding_put(mesh, x, *spec)  # noqa: E731
+            args = (put(case.q, "data", "model"), put(kv_per_device, "data", None, "model"),
+                    put(case.logical_indices, "data"), put(case.token_to_req, "data"),
+                    put(case.output_gate, "data", "model"), jnp.float32(0.5), jnp.float32(2.0),
+                    put(ct, "data", "model"))
             return compare(jax.jit(jax.grad(f, (0, 5, 6)))(*args))
+
+    def fully_manual(check_vma):
+        specs = (P("data", "model"), P("data", None, "model"), P("data"), P("data"), P("data", "model"), P(), P(),
+                 P("data", "model"))
+        return lambda: grads_through(jax.shard_map(body(("data", "model")), mesh=mesh, in_specs=specs,
+                                                   out_specs=P(), check_vma=check_vma))
+
+    def partly_manual():  # "model" left to the operator
+        specs = (P("data"), P("data"), P("data"), P("data"), P("data"), P(), P(), P("data"))
+        return grads_through(jax.shard_map(body("data"), mesh=mesh, in_specs=specs, out_specs=P(),
+                                           axis_names={"data"}, check_vma=True))
 
     for check_vma in (True, False):
         _run_case(results, f"sparse_attention/xla/fp8-scaled-grad/manual/check_vma={check_vma}",
