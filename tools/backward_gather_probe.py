@@ -193,7 +193,7 @@ def main(argv=None) -> int:
 
     results = []
     kernel_us = busy(lambda q, k, acc, da, de, ls: bp._inverted_dkv(
-        p, q, k, k, acc, compaction, acc_rows, da, de, ls, jnp.bfloat16, BLOCK_ROWS, bp.INVERTED_LANES,
+        p, q, k, k, acc, compaction, acc_rows, da, de, ls, (), jnp.bfloat16, BLOCK_ROWS, bp.INVERTED_LANES,
         None, interpret()), q, k_rows, acc, da16, delta, lse, name="qsa_sparse_attention_backward_inverted")
     results.append({"what": f"dK/dV kernel (lanes {bp.INVERTED_LANES}, warps {bp.INVERTED_WARPS})",
                     "busy_us": kernel_us})
