@@ -64,11 +64,13 @@ def checked_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_r
     and the import lookups (``_call_cache``: one key, one dict lookup). A call that names
     no implementation takes the process default (``set_sparse_implementation``), else
     ``_eager.default_route``'s (``_eager.sparse_route``)."""
-    if not all(isinstance(x, torch.Tensor) for x in (q, k_cache, v_cache, logical_indices, block_table,
-                                                     token_to_req, output_gate)) or not (
-            out is None or isinstance(out, torch.Tensor)):
-        # Raise as the originals do (their shape checks, then AssertionError) before any
-        # routing reads a device or a pointer.
+    tensor = torch.Tensor
+    if not (type(q) is tensor and type(k_cache) is tensor and type(v_cache) is tensor  # the per-call path:
+            and type(logical_indices) is tensor and type(block_table) is tensor  # no generator, no isinstance
+            and type(token_to_req) is tensor and type(output_gate) is tensor and (out is None or type(out) is tensor)):
+        # Something else than plain tensors: raise as the originals do (their shape checks,
+        # then AssertionError) before any routing reads a device or a pointer. (A tensor
+        # subclass passes the checks and goes on.)
         _checks.check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req, out, output_gate,
                              k_scale, v_scale, surface=surface)
     implementation = _eager.sparse_route(implementation, q.device)
