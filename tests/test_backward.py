@@ -667,3 +667,20 @@ def test_registry_names_an_implementation_that_does_not_import():
     registry = Registry("sparse_attention", "qsa_jax.ops.no_such_package")
     with pytest.raises(NotImplementedError, match="'pallas' cannot run here"):
         registry.run("pallas")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float32_gate_gets_a_float32_cotangent(impl):
+    """An fp32 gate (read at full width, as the originals read any float gate) gets an fp32
+    cotangent; all three cotangents stay within the bf16 bars of the float64 gradient at that
+    gate (the attention residual is bf16 either way)."""
+    case, rng = _case(seed=12, rows=4, heads=12, hk=2, d=32, page=8, blocks=12, context=64)
+    case.output_gate = (case.output_gate.astype(np.float32)
+                        * rng.uniform(0.9, 1.1, case.output_gate.shape).astype(np.float32))
+    ct = C.bf16_random(rng, case.q.shape)
+    _, grads = _vjp(case, impl, ct)
+    exact = _exact_grads(case, ct)
+    assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16, jnp.float32]
+    for name, mine, ref in zip(("q", "kv", "gate"), grads, exact):
+        floor = _rel(jnp.asarray(ref, jnp.bfloat16), ref)
+        assert _rel(mine, ref) <= BF16_BAR[impl][name] * floor, name

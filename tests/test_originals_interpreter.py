@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SKIP_EXIT = 3  # the subprocess could not obtain the originals
 
-SPARSE_CASES = ("splitk_merge", "single_split")
+SPARSE_CASES = ("splitk_merge", "single_split", "splitk_merge_fp32_gate", "single_split_fp16_gate")
 COMPRESS_CASES = ("ring4_rope", "ring8_norope", "ring5_ratio3_fp32", "ring8_ratio7_fp32")
 STORE_CASES = ("bf16_rows", "fp32_rows")
 
@@ -76,7 +76,7 @@ def _check(op, name, fn):
         print(f"RESULT {op} {name} FAIL: {' '.join(str(exc).split())}", flush=True)
 
 
-def _sparse(orig, rng, name, blocks, splits):
+def _sparse(orig, rng, name, blocks, splits, gate_dtype=None):
     import torch
 
     import qsa_jax
@@ -88,6 +88,9 @@ def _sparse(orig, rng, name, blocks, splits):
 
     rows = 10  # one of each degenerate row kind
     case = C.small_edge_case(rng, name, rows=rows, selection_blocks=blocks)
+    if gate_dtype is not None:  # a gate bf16 cannot hold: the originals read it as fp32, as must we
+        case.output_gate = (case.output_gate.astype(np.float32)
+                            * rng.uniform(0.9, 1.1, case.output_gate.shape).astype(np.float32)).astype(gate_dtype)
     # The config the originals pick for themselves (their own table, not ours).
     cfg = SparseAttentionConfig(*orig._select_config(rows, case.num_kv_heads, False, case.selection_width))
     assert cfg.num_splits == splits, f"{name}: the originals chose {tuple(cfg)}, not {splits} split(s)"
@@ -102,10 +105,17 @@ def _sparse(orig, rng, name, blocks, splits):
     ref = oracle.sparse_attention_oracle(case.q, kk, vv, case.logical_indices, case.block_table,
                                          case.token_to_req, case.output_gate, block_n=cfg.block_n,
                                          num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
-    xla = qsa_jax.sparse_attention(case.q, case.kv_cache, case.logical_indices, case.block_table,
-                                   case.token_to_req, case.output_gate, implementation="xla")
     assert_fidelity(got, ref, what=f"originals/{name} vs oracle")
-    assert_fidelity(np.asarray(xla), got, what=f"xla/{name} vs originals")
+    for impl in ("xla",) if gate_dtype is None else ("xla", "pallas"):
+        mine = qsa_jax.sparse_attention(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                        case.token_to_req, case.output_gate, implementation=impl)
+        assert_fidelity(np.asarray(mine), got, what=f"{impl}/{name} vs originals")
+        if gate_dtype is not None:  # the gate read at full width: not the output of its bf16 rounding
+            rounded = qsa_jax.sparse_attention(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                               case.token_to_req, case.output_gate.astype(C.BF16),
+                                               implementation=impl)
+            assert not np.array_equal(np.asarray(mine).view(np.uint16), np.asarray(rounded).view(np.uint16)), \
+                f"{impl}/{name}: the {gate_dtype.__name__} gate gave the bf16-rounded gate's output"
     assert (ref == 0).any(), f"{name}: no empty row, the edge rows did not take"
 
 
@@ -192,6 +202,11 @@ def main() -> int:
     # gate itself (the table's own single-split rows, > 512 programs, are too slow to interpret).
     for name, blocks, splits in (("splitk_merge", 8, 2), ("single_split", 7, 1)):
         _check("sparse_attention", name, lambda: _sparse(orig, rng, name, blocks, splits))
+    # An fp32 / fp16 gate, which the originals accept (and read as fp32): the merge kernel's
+    # gate and the one-split kernel's.
+    for name, blocks, splits, dtype in (("splitk_merge_fp32_gate", 8, 2, np.float32),
+                                        ("single_split_fp16_gate", 7, 1, np.float16)):
+        _check("sparse_attention", name, lambda: _sparse(orig, rng, name, blocks, splits, dtype))
     for name, ring, with_rope in (("ring4_rope", 4, True), ("ring8_norope", 8, False)):
         _check("compress_groups_with_ratio", name, lambda: _compress(orig, rng, name, ring, with_rope))
     for name, ring, ratio in (("ring5_ratio3_fp32", 5, 3), ("ring8_ratio7_fp32", 8, 7)):

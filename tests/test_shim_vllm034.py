@@ -243,3 +243,27 @@ def test_gpu_select_config_matches_0_34_on_this_device():
                 for fp8 in (False, True):
                     assert S._select_config(rows, hk, flag, 2051, fp8) == \
                         orig._select_config(rows, hk, flag, 2051, fp8), (rows, hk, flag, fp8)
+
+
+@pytest.mark.parametrize("gate_dtype", [torch.float32, torch.float16])
+def test_float_gates_are_read_at_their_width(gate_dtype):
+    """The originals take an fp16 or fp32 output_gate and read it as fp32; so does the shim
+    (its result is qsa_jax's on the same arrays, bit for bit), and not as its bf16 rounding
+    (the originals' own agreement: tests/test_originals_interpreter.py)."""
+    import jax
+
+    case = next(c for c, _ in golden.sparse_attention_cases() if c.name == "tp1_r16_s16")
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    k, v = kv_views(t(case.kv_cache), case.head_dim)
+    args = [t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req),
+            case.use_prefill_config]
+    gen = torch.Generator().manual_seed(5)
+    gate = (t(case.output_gate).float() * (0.9 + 0.2 * torch.rand(case.output_gate.shape, generator=gen))).to(
+        gate_dtype)
+    got = _call(S.qsa_sparse_paged_attention, args, gate)
+    j = lambda x: jax.dlpack.from_dlpack(x.contiguous())  # noqa: E731
+    want = to_torch(np.asarray(qsa_jax.sparse_attention(j(args[0]), j(t(case.kv_cache)), *map(j, args[3:6]), j(gate),
+                                                        use_prefill_config=args[6])), "cpu")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    rounded = _call(S.qsa_sparse_paged_attention, args, gate.to(torch.bfloat16))
+    assert not torch.equal(got.view(torch.int16), rounded.view(torch.int16))

@@ -138,7 +138,8 @@ BAD = [
     ("block_table", lambda a: a["block_table"][:, :0], ValueError, "block_table"),
     ("token_to_req", lambda a: a["token_to_req"][:1], ValueError, "token_to_req"),
     ("output_gate", lambda a: a["output_gate"][:, :2], ValueError, "output_gate"),
-    ("output_gate", lambda a: a["output_gate"].astype(np.float16), TypeError, "output_gate"),
+    ("output_gate", lambda a: a["output_gate"].astype(np.float64), TypeError, "output_gate must be bfloat16, "),
+    ("output_gate", lambda a: a["output_gate"].astype(np.int32), TypeError, "output_gate"),
     ("output_gate", lambda a: a["output_gate"][:, :, :8], ValueError, "output_gate must have q's shape"),
     # not arrays: named before any shape check (a list once recursed in the memo's key)
     ("token_to_req", lambda a: a["token_to_req"].tolist(), TypeError, "token_to_req must be an array"),

@@ -79,7 +79,8 @@ def sparse_attention(
         (-1 = padding), column W is the row's valid count.
       block_table: [NR, BTW] int32 logical page -> physical page, per request.
       token_to_req: [R] int32 request of each row (out of range -> row outputs 0).
-      output_gate: [R, H, D] bf16; the output is multiplied by sigmoid(gate).
+      output_gate: [R, H, D] bf16 (or fp16/fp32, read as fp32 like the originals); the
+        output is multiplied by sigmoid(gate).
       use_prefill_config: picks the prefill tiling when R * Hk > 2048.
       config: explicit ``(block_n, num_warps, num_tiles, num_splits)``
         overriding ``select_config``, or the name of one of its tables

@@ -121,6 +121,9 @@ def kv_format(arrays) -> str:
     return KV_FORMATS[jnp.dtype(arrays[0].dtype)]
 
 
+GATE_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
 def as_e4m3(tile):
     """fp8 e4m3 values of a cache tile: uint8 bytes are reinterpreted (free, exact)."""
     return lax.bitcast_convert_type(tile, jnp.float8_e4m3fn) if tile.dtype == jnp.uint8 else tile
@@ -401,8 +404,9 @@ def check_sparse_attention_args(
 
     if q.dtype != jnp.bfloat16:
         raise TypeError(f"q must be bfloat16; got {q.dtype}")
-    if output_gate.dtype != jnp.bfloat16:
-        raise TypeError(f"output_gate must be bfloat16; got {output_gate.dtype}")
+    # The kernels read the gate as fp32, as the originals do (vLLM's model passes bf16).
+    if output_gate.dtype not in GATE_DTYPES:
+        raise TypeError(f"output_gate must be bfloat16, float16 or float32; got {output_gate.dtype}")
     for name, arr in (("logical_indices", logical_indices), ("block_table", block_table),
                       ("token_to_req", token_to_req)):
         if arr.dtype != jnp.int32:
