@@ -29,7 +29,7 @@ import numpy as np
 from qsa_jax.arg_specs import MAX_WARMUP_ROWS
 from qsa_jax.config import TABLE_NAMES, PallasLaunch, TritonLaunch, first_rows, select_config
 from qsa_jax.ops.sparse_attention.api import sparse_attention
-from qsa_jax.ops.sparse_attention.base import as_kv_layout, check_tiling, kv_format
+from qsa_jax.ops.sparse_attention.base import GATE_DTYPES, as_kv_layout, check_tiling, kv_format
 
 DEFAULT_CACHE_DIR = pathlib.Path(os.environ.get("QSA_JAX_CACHE_DIR", "~/.cache/qsa_jax/xla")).expanduser()
 
@@ -67,6 +67,7 @@ def warmup(
     with_scales: bool | None = None,
     config: Sequence[int] | str | None = None,
     launch: PallasLaunch | TritonLaunch | None = None,
+    gate_dtype=jnp.bfloat16,
     table: str | None = None,
 ) -> tuple[tuple[int, int, int], ...]:
     """Compile sparse attention for a deployment; return the warmed profiles.
@@ -85,6 +86,8 @@ def warmup(
         ``(block_n, num_warps, num_tiles, num_splits)``; ``launch`` a ``PallasLaunch`` /
         ``TritonLaunch`` (pass ``implementation=`` with it). Executables are specialised on
         both, so a server call with another ``config``/``launch`` compiles anew.
+      gate_dtype: the ``output_gate`` dtype the server passes (bf16, fp16 or fp32): another
+        dtype is another executable.
       table: the old name of a table-name ``config`` (deprecated; not with ``config``).
 
     Returns:
@@ -115,6 +118,8 @@ def warmup(
     for name, value in (("num_query_heads", num_query_heads), ("selection_width", selection_width)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ValueError(f"warmup: {name} must be an int >= 1; got {value!r}")
+    if jnp.dtype(gate_dtype) not in GATE_DTYPES:
+        raise TypeError(f"warmup: gate_dtype must be bfloat16, float16 or float32; got {gate_dtype}")
     if num_query_heads % hk:
         raise ValueError(f"warmup: num_query_heads={num_query_heads} is not a multiple of the cache's {hk} KV heads")
     is_fp8 = kv_format(arrays) != "bf16"
@@ -142,7 +147,7 @@ def warmup(
             if flag and (explicit is not None or rows * hk <= 2048):
                 continue  # the flag picks nothing here: the same executable as flag=False
             cfg = explicit or select_config(rows, hk, flag, selection_width, is_fp8, table=table)
-            sparse_attention(q, kv, indices, pages, req, q, use_prefill_config=flag,
+            sparse_attention(q, kv, indices, pages, req, q.astype(gate_dtype), use_prefill_config=flag,
                              config=config if explicit is None else tuple(explicit),
                              implementation=implementation, launch=launch, **scales).block_until_ready()
             profiles.add((cfg.block_n, cfg.num_splits, cfg.num_warps))

@@ -2,6 +2,7 @@
 
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import qsa_jax
@@ -64,16 +65,17 @@ def _count_compiles():
         _COMPILES.append("listening")
 
 
-def _served_without_compiling(rng, kv, calls):
-    """Run each (rows, flag, config, launch) call on fresh device arrays; True when none of the
-    calls compiled an executable."""
+def _served_without_compiling(rng, kv, calls, gate_dtype=None):
+    """Run each (rows, flag, config, launch) call on fresh device arrays (the gate in
+    ``gate_dtype``, default its bf16); True when none of the calls compiled an executable."""
     _count_compiles()
     kv = jax.device_put(kv)
     compiled = 0
     for rows, flag, config, launch in calls:
         case = _deployment(rng, rows)
+        gate = case.output_gate if gate_dtype is None else case.output_gate.astype(gate_dtype)
         args = jax.block_until_ready(jax.device_put(
-            (case.q, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)))
+            (case.q, case.logical_indices, case.block_table, case.token_to_req, gate)))
         q, idx, table, req, gate = args
         before = len(_COMPILES)
         out = qsa_jax.sparse_attention(q, kv, idx, table, req, gate, use_prefill_config=flag, config=config,
@@ -99,6 +101,12 @@ def test_warmup_leaves_every_warmed_call_compiled():
         calls = [(r, f, config, None) for r in rows for f in (False, True)]
         assert _served_without_compiling(rng, kv, calls), config
     assert not _served_without_compiling(rng, kv, [(5, False, explicit, None)])
+    # An fp32 gate is another executable (rows 3 warmed with bf16 gates above still compile),
+    # warmed with gate_dtype (rows 7, never called before) it is served without compiling.
+    assert not _served_without_compiling(rng, kv, [(3, False, explicit, None)], np.float32)
+    qsa_jax.warmup(kv, table, num_query_heads=4, selection_width=131, row_counts=[7], implementation="xla",
+                   persistent_cache=False, config=explicit, gate_dtype=jnp.float32)
+    assert _served_without_compiling(rng, kv, [(7, False, explicit, None)], np.float32)
 
 
 def test_warmup_config_and_its_old_name():
