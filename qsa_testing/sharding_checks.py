@@ -29,7 +29,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import qsa_jax
 from qsa_jax.config import select_config
-from qsa_jax.ops.sparse_attention.base import LOG2_E
+from qsa_jax.ops.sparse_attention.base import scale_operand
 from qsa_testing.cases import (E4M3, add_edge_rows, compress_case, poison_unreferenced, sparse_attention_case,
                                store_case)
 from qsa_testing.gradients import BF16_BAR, error_over_floor, float64_gradients
@@ -470,15 +470,15 @@ def _scaled_vjp_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, 
             problem, impl = api._plan(q, kv_, li, bt, t2r, gate, use_prefill_config=False,
                                       config=tuple(mc.config), implementation=implementation,
                                       scales_given=(True, True))
-            scales = jnp.stack([(jnp.float32(problem.head_dim ** -0.5) * ks) * jnp.float32(LOG2_E), vs])
             backward = B.xla_backward if impl == "xla" else pallas_backward
 
             @jax.jit
-            def dkv_f32(q, kv_arrays, gate, d):
+            def dkv_f32(q, kv_arrays, gate, d, ks, vs):
+                scales = scale_operand(problem, ks, vs)  # traced, as in the sharded call
                 _, attention, lse = B.forward_with_residuals(problem, impl, q, kv_arrays, li, bt, t2r, gate, scales)
                 return backward(problem, q, kv_arrays, li, bt, t2r, gate, attention, lse, d, scales)[1]
 
-            dkv = dkv_f32(q, kv_arrays, gate, d)
+            dkv = dkv_f32(q, kv_arrays, gate, d, ks, vs)
             return out, dq, dkv if isinstance(kv_, tuple) else dkv[0], dgate
 
         want = per_shard_reference(mc.shards, fused, case, mc.kv, d_out, one_device, kv_round=E4M3)

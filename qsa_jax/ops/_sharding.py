@@ -416,10 +416,9 @@ def _attention_local(static, axes, q, kv_arrays, *rest):
     # argument varies over is such a sum too, over that axis (_vma.missing).
     row_axes = tuple(axes.get(ROWS, ()))
     kv_sums = [row_axes + _vma.missing(a, union) for a in kv_arrays]
-    # An fp8 cache's cotangent stays fp32 here; backward._bwd casts it (or drops it).
-    wide = any(kv_sums) or problem.is_fp8
-    kw = {"kv_dtype": jnp.dtype(jnp.float32 if problem.is_fp8 else jnp.promote_types(kv_arrays[0].dtype,
-                                                                                       jnp.float32))} if wide else {}
+    # An fp8 cache's cotangent comes (and stays) fp32: backward._bwd casts it (or drops it).
+    wide = jnp.float32 if problem.is_fp8 else jnp.promote_types(kv_arrays[0].dtype, jnp.float32)
+    kw = {"kv_dtype": jnp.dtype(wide)} if any(kv_sums) else {}
     d_q, d_kv, d_gate, *d_scales = _vma.uniform(fn(problem, *fn_args, q, kv_arrays, *rest, **kw), union)
 
     def summed(x, over, like, dtype=None):

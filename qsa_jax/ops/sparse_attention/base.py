@@ -254,11 +254,7 @@ def _check_strided_query(q: StridedQuery, head_dim: int) -> tuple[tuple[int, int
     if len(table) != 2 or table[1] != head_dim:
         raise ValueError(
             f"StridedQuery.table must be [N, head_dim={head_dim}] (D-wide query rows); got shape {table}")
-    fields = dict(num_rows=q.num_rows, num_heads=q.num_heads, row_stride=q.row_stride,
-                  head_stride=q.head_stride, offset=q.offset)
-    for name, value in fields.items():
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"StridedQuery.{name} must be a non-negative int; got {value!r}")
+    # Its int fields were checked when it was built (StridedQuery.__post_init__).
     rows, heads = int(q.num_rows), int(q.num_heads)
     layout = QueryLayout(int(q.row_stride), int(q.head_stride), int(q.offset))
     if rows and heads:
