@@ -696,6 +696,23 @@ def triton_fp8_keys_f16_dot(group_size: int) -> bool:
     return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP
 
 
+def triton_fp8_values_f16_staged() -> bool:
+    """Whether the jax-triton split kernel converts an fp8 V tile to fp16 in the layout it was
+    loaded in (its V_F16_STAGED; ``triton_kernels._f16_values_before_the_dot`` says how),
+    instead of after reading it out of shared memory in the P.V operand's layout one byte
+    per element. Bit-identical (the same conversion instruction on the same bytes).
+
+    Why: the byte-wise reads are the largest part of the one-warp fp8 tile loop after the
+    conversions (sm_90 lowering, TP1 32-wide tiles, 2 splits, 1 warp: 256 ``LDS.U8`` and
+    ~250 packing instructions of 2184). Staged, the loop is 1899 (1560 with the fp16 q.K^T),
+    with 16 KB more shared memory per program (24.8 -> 41.0 KB: at most 5 one-warp programs
+    per SM instead of 8) and more spills (20 -> 368 B). Which weighs more is for the GPU to
+    say; off until measured. A function so that tests and the benchmark can switch it (read
+    into the launch plan: see ``triton_fp8_keys_f16_dot`` for the caches to clear).
+    """
+    return False
+
+
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
 # Up to this many (row, head) pairs the merge splits D, for more programs than SMs.

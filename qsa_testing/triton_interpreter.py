@@ -2,7 +2,8 @@
 
 Two users: the jax-triton kernels of this package (tests/test_triton.py) and the originals
 themselves (tests/test_originals_interpreter.py), both at reduced sizes. Triton 3.6's
-interpreter, under NumPy 2, gets five things wrong that these kernels rely on;
+interpreter, under NumPy 2, gets five things wrong that these kernels rely on, and runs no
+inline PTX;
 ``patch_interpreter`` fixes them for the current process, at test time (nothing of Triton is
 vendored or edited on disk):
 
@@ -13,7 +14,12 @@ vendored or edited on disk):
   with a float ``x`` fails in NumPy (the originals' split merge does exactly that);
 * e4m3 (``float8e4nv``) NaN, the codes 0x7F and 0xFF, converts to +-480 (the bit arithmetic
   reads it as a normal number) where the GPU's conversion gives NaN, so NaN poison in an fp8
-  cache is invisible to a stray read (a load without its mask passed the fp8 cases).
+  cache is invisible to a stray read (a load without its mask passed the fp8 cases);
+* ``tl.inline_asm_elementwise`` raises: the one block the jax-triton kernels use
+  (``triton_kernels.E4M3X4_TO_F16X4_PTX``, e4m3 bytes -> fp16, sm_89+'s pair conversion) is
+  computed here from the bytes as the GPU does (NaN codes to NaN); any other block still raises.
+  Only the plumbing around it is tested that way: whether the PTX does what this emulation
+  says is the GPU test's to show (tests/test_fp8.py, bit for bit against Triton's own cast).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ _PATCHED = False
 
 
 def patch_interpreter() -> None:
-    """Apply the five fixes above (idempotent; affects interpreter mode only)."""
+    """Apply the fixes above (idempotent; affects interpreter mode only)."""
     global _PATCHED
     if _PATCHED:
         return
@@ -92,6 +98,18 @@ def patch_interpreter() -> None:
         return out
 
     ti._convert_float = convert_float
+
+    from qsa_jax.ops.sparse_attention.triton_kernels import E4M3X4_TO_F16X4_PTX
+
+    def create_inline_asm(self, inline_asm, constraints, values, result_types, is_pure, pack):
+        if inline_asm != E4M3X4_TO_F16X4_PTX.value or pack != 4 or len(values) != 1:
+            raise NotImplementedError("inline_asm not supported in interpreter mode "
+                                      "(qsa_testing emulates E4M3X4_TO_F16X4_PTX only)")
+        codes = np.ascontiguousarray(values[0].data).view(np.uint8)
+        result = ti.TensorHandle(codes.view(ml_dtypes.float8_e4m3fn).astype(np.float16), tl.float16)
+        return types.SimpleNamespace(get_result=lambda i: result)
+
+    ti.InterpreterBuilder.create_inline_asm = create_inline_asm
     _PATCHED = True
 
 

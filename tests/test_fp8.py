@@ -607,13 +607,17 @@ def test_pallas_fp8_value_pairs_and_f16_dot_lowering(monkeypatch, capsys):
     assert not re.search(r"tensor<64x32xbf16>", ttir)
 
 
-@pytest.mark.parametrize("fmt,f16_dot", [("e4m3", False), ("e4m3_bytes", False), ("e4m3", True),
-                                         ("e4m3_bytes", True), ("bf16_scaled", False), ("bf16", False)])
-def test_triton_kernel_compiles_for_sm90(fmt, f16_dot):
+@pytest.mark.parametrize("fmt,f16_dot,staged", [("e4m3", False, False), ("e4m3_bytes", False, False),
+                                                ("e4m3", True, False), ("e4m3_bytes", True, False),
+                                                ("e4m3", False, True), ("e4m3_bytes", True, True),
+                                                ("bf16_scaled", False, False), ("bf16", False, False)])
+def test_triton_kernel_compiles_for_sm90(fmt, f16_dot, staged):
     """The jax-triton split kernel through Triton's own compiler to sm_90 PTX (no GPU
     needed): e4m3 (values or bytes) converts with the hardware instruction and P.V is an
     fp16 MMA; q.K^T stays a bf16 MMA, or with QK_FP16 (``config.triton_fp8_keys_f16_dot``)
-    an fp16 one, with no conversion to bf16 left. ("bf16": 0.30.0's arithmetic, no scales.)"""
+    an fp16 one, with no conversion to bf16 left. With V_F16_STAGED
+    (``config.triton_fp8_values_f16_staged``) V is read out of shared memory by transposing
+    16-bit ``ldmatrix`` loads instead of byte by byte. ("bf16": 0.30.0's arithmetic, no scales.)"""
     import inspect
     import re
 
@@ -629,7 +633,8 @@ def test_triton_kernel_compiles_for_sm90(fmt, f16_dot):
                  Q_OFFSET=0, STRIDE_PAGE=2 * 1600 * 512, STRIDE_TOKEN=512, STRIDE_HEAD=1600 * 512, V_OFFSET=256,
                  BLOCK_M=16, BLOCK_N=32, NUM_TILES=65, NUM_SPLITS=64, PREFETCH=True, TILE_INDUCTION=False,
                  SCALED=fmt != "bf16", FP8=fp8,
-                 KV_BYTES=fmt == "e4m3_bytes", QK_FP16=f16_dot, F16_TOP_EXPONENT=14, F16_MAX_SHIFT=126)
+                 KV_BYTES=fmt == "e4m3_bytes", QK_FP16=f16_dot, V_F16_STAGED=staged, F16_TOP_EXPONENT=14,
+                 F16_MAX_SHIFT=126)
     types = dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, idx_ptr="*i32", bt_ptr="*i32", req_ptr="*i32",
                  gate_ptr="*bf16", scale_ptr="*fp32", num_rows="i32", last_request="i32", num_pages="i32",
                  o_ptr="*fp32", lse_ptr="*fp32")
@@ -643,6 +648,8 @@ def test_triton_kernel_compiles_for_sm90(fmt, f16_dot):
     assert mma == ({"f16"} if f16_dot else {"bf16", "f16"} if fp8 else {"bf16"}), mma
     if fp8:  # K into bf16 for a bf16 dot: packed fp32 -> bf16 (P is fp16; 64 splits: no bf16 output)
         assert ("cvt.rn.bf16x2.f32" in ptx) == (not f16_dot)
+        assert ("ld.shared.b8" in ptx) == (not staged)
+        assert ("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx) == staged
 
 
 # ------------------------------------------------------------------------ 0.34.0 in Triton's interpreter
@@ -860,12 +867,13 @@ def test_host_scales_first_seen_inside_a_jit_do_not_leak():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("implementation,knob_name", [("pallas", k) for k in BIT_IDENTICAL_KNOBS]
-                         + [("triton", "triton_fp8_keys_f16_dot")])
+                         + [("triton", "triton_fp8_keys_f16_dot"), ("triton", "triton_fp8_values_f16_staged")])
 @pytest.mark.parametrize("config", [(32, 1, 65, 2), (32, 2, 65, 4), (64, 2, 33, 1)],
                          ids=["bn32-w1-s2", "bn32-w2-s4", "bn64-w2-s1"])
 def test_gpu_fp8_knob_is_bit_identical(implementation, knob_name, config, monkeypatch):
     """On the GPU (real conversion and MMA instructions): each fp8 kernel variant
-    (BIT_IDENTICAL_KNOBS of the Pallas kernel, the jax-triton kernel's fp16 q.K^T) gives
+    (BIT_IDENTICAL_KNOBS of the Pallas kernel, the jax-triton kernel's fp16 q.K^T and its V
+    converted by inline PTX before the layout change) gives
     the other setting's output bit for bit, at the TP1 shapes and the fp8 tables'
     bandwidth-bound launches (2 and 1 warps); the cache holds random finite e4m3 bytes;
     query heads far apart in magnitude (x2^-30, x2^33, zero) exercise the fp16 dot's

@@ -21,7 +21,7 @@ if [ -z "${NO_PLANT:-}" ]; then
 fi
 for impl in ${IMPLS:-pallas triton}; do
   parts="sparse0 sparse1 sparse2 sparse3 indexer"
-  [ "$impl" = pallas ] && parts="$parts fp8 fused backward"  # extra parts (memcheck.py EXTRA_PART_IMPLS)
+  [ "$impl" = pallas ] && parts="$parts fp8 fused backward backward_fp8"  # extra parts (memcheck.py EXTRA_PART_IMPLS)
   [ "$impl" = triton ] && parts="$parts fp8"
   for part in ${PARTS:-$parts}; do
     log="$OUT/memcheck_${impl}_${part}.log"

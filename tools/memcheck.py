@@ -84,10 +84,13 @@ def _impls(op: str, only: str | None) -> list[str]:
 # caches with scales, the single-launch merge, and the Pallas backward (its default walk on
 # these 16-slot pages is the inverted one since session 10: the dq walk's split-K atomic adds
 # and the token-major dK/dV kernel's writes, where a stray address writes, not just reads).
-EXTRA_PARTS = ("fp8", "fused", "backward")
+# backward_fp8: the same through vLLM 0.34's arithmetic (an e4m3 cache, k/v scales; session 18),
+# where the kernels decode fp8 tiles after the masked load and take a scale operand.
+EXTRA_PARTS = ("fp8", "fused", "backward", "backward_fp8")
 # fp8 also through jax-triton (the fp8 default on Hopper where the table names it, sessions 8-10); the
 # fused merge and the backward exist in Pallas only.
-EXTRA_PART_IMPLS = {"fp8": ("pallas", "triton"), "fused": ("pallas",), "backward": ("pallas",)}
+EXTRA_PART_IMPLS = {"fp8": ("pallas", "triton"), "fused": ("pallas",), "backward": ("pallas",),
+                    "backward_fp8": ("pallas",)}
 EXTRA_SHAPES = (0, 2)
 
 
@@ -113,12 +116,16 @@ def _extra_part(name, case, impl, args, results, label):
         _record(results, f"{label} fused merge", _agrees(out, ref))
     elif name == "backward":
         _record(results, f"{label} backward", _backward_agrees(case, args, impl))
+    elif name == "backward_fp8":
+        args = (args[0], _fp8_caches(case)["e4m3"]) + args[2:]
+        _record(results, f"{label} backward e4m3 k0.5 v2", _backward_agrees(case, args, impl,
+                                                                           scales=(0.5, 2.0)))
 
 
-def _backward_agrees(case, args, impl) -> bool:
+def _backward_agrees(case, args, impl, scales=(None, None)) -> bool:
     """jax.vjp through ``impl`` against the XLA backward on the same adversarial inputs:
     every gradient finite, within 5% (Frobenius) of XLA's, and exactly zero on every cache
-    row no valid entry reads (those hold the NaN poison)."""
+    row no valid entry reads (those hold the NaN poison). ``scales``: k_scale, v_scale."""
     import jax
     import jax.numpy as jnp
 
@@ -126,7 +133,8 @@ def _backward_agrees(case, args, impl) -> bool:
     ct = jnp.asarray(C.bf16_random(np.random.default_rng(5), case.q.shape))
 
     def grads(name):
-        f = lambda q, kv, g: qsa_jax.sparse_attention(q, kv, li, bt, tr, g, implementation=name)
+        f = lambda q, kv, g: qsa_jax.sparse_attention(q, kv, li, bt, tr, g, k_scale=scales[0],
+                                                      v_scale=scales[1], implementation=name)
         return [np.asarray(x, np.float64) for x in jax.vjp(f, q, kv, gate)[1](ct)]
 
     ok = True

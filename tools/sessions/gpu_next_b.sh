@@ -7,6 +7,6 @@
 # Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_next_b.sh
 source tools/gpu_env.sh
 set -o pipefail
-timeout -s INT 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s tests/test_gpu_backward.py \
+timeout -s INT 280 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s tests/test_gpu_backward.py \
   > "$OUT/gpu_backward.log" 2>&1
 echo "gpu backward tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|GRAD fp8" "$OUT/gpu_backward.log" | tail -30

@@ -89,6 +89,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
         PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
         TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
         KV_BYTES=p.kv_format == "e4m3_bytes", QK_FP16=p.is_fp8 and config.triton_fp8_keys_f16_dot(p.group_size),
+        V_F16_STAGED=p.is_fp8 and config.triton_fp8_values_f16_staged(),
         F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
     scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:

@@ -69,10 +69,41 @@ def _e4m3(tile, KV_BYTES: tl.constexpr):
     return tile
 
 
+# PTX for 4 e4m3 bytes (one 32-bit register, element i in byte i) -> 4 fp16 (two registers,
+# elements 0-1 and 2-3): two of sm_89+'s pair conversions, the instruction Triton itself emits
+# for an e4m3 -> fp16 cast (F2FP.F16.E4M3.UNPACK_B), so the values are the same bits.
+E4M3X4_TO_F16X4_PTX = tl.constexpr("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+                                   "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }")
+
+
+@triton.jit
+def _f16_values_before_the_dot(values, KV_BYTES: tl.constexpr):
+    """An e4m3 V tile ``[BLOCK_N, D]`` as fp16, converted in the layout it was loaded in.
+
+    Why (V_F16_STAGED): P.V takes V as its second operand, which the MMA wants as pairs of
+    consecutive tokens; the cache holds each token's D channels together, and sm_90 has no
+    transposing shared-memory load for 8-bit data. Converted where Triton puts a plain
+    ``.to(tl.float16)`` -- after reading the tile out of shared memory in the operand's layout
+    -- that read is one byte per element (256 ``ld.shared.u8`` per thread per 32-token tile at
+    one warp) plus the byte packing for the pair conversions. Converted here, in the load's
+    layout (16 contiguous bytes per thread), Triton moves the fp16 tile into the operand's
+    layout through shared memory with 16-byte stores and transposing ``ldmatrix`` loads.
+    ``is_pure=False`` is what keeps the conversion here: a pure elementwise op is moved past
+    the layout change into the operand's layout, the byte-wise reads again (checked on the
+    sm_90 lowering). Costs 2 bytes per V element of shared memory (16 KB per 32-token tile).
+    Not available in Triton's interpreter: qsa_testing.triton_interpreter emulates it."""
+    if KV_BYTES:
+        raw = values
+    else:
+        raw = values.to(tl.uint8, bitcast=True)
+    return tl.inline_asm_elementwise(E4M3X4_TO_F16X4_PTX, "=r,=r,r", [raw], dtype=tl.float16,
+                                     is_pure=False, pack=4)
+
+
 @triton.jit
 def _kv_tile(k_ptr, v_ptr, tok_in_page, page, ok, d_idx, head_base, q_dtype: tl.constexpr,
              STRIDE_PAGE: tl.constexpr, STRIDE_TOKEN: tl.constexpr, V_OFFSET: tl.constexpr,
-             FP8: tl.constexpr, KV_BYTES: tl.constexpr):
+             FP8: tl.constexpr, KV_BYTES: tl.constexpr, V_F16_STAGED: tl.constexpr):
     """One tile's selected K rows as ``[D, BLOCK_N]`` and V rows as ``[BLOCK_N, D]``, loaded
     under the entries' validity (an invalid entry's bytes never enter a register)."""
     base = tl.maximum(page, 0).to(tl.int64) * STRIDE_PAGE + (tok_in_page * STRIDE_TOKEN + head_base)
@@ -82,7 +113,10 @@ def _kv_tile(k_ptr, v_ptr, tok_in_page, page, ok, d_idx, head_base, q_dtype: tl.
         # K through fp16 (e4m3 -> fp16 is the hardware conversion; fp16 -> bf16 is
         # exact here), as vLLM 0.34.0 does on the GPUs it supports; with QK_FP16 q_dtype is
         # fp16 and K stops there.
-        values = _e4m3(values, KV_BYTES).to(tl.float16)
+        if V_F16_STAGED:
+            values = _f16_values_before_the_dot(values, KV_BYTES)
+        else:
+            values = _e4m3(values, KV_BYTES).to(tl.float16)
         keys_t = _e4m3(keys_t, KV_BYTES).to(tl.float16).to(q_dtype)
     return keys_t, values
 
@@ -160,6 +194,7 @@ def sparse_attention_split_kernel(
     FP8: tl.constexpr,  # e4m3 cache: K -> bf16 for q.K^T, V and P -> fp16 for P.V
     KV_BYTES: tl.constexpr,  # the e4m3 cache arrives as uint8 bytes
     QK_FP16: tl.constexpr,  # FP8 only: q.K^T in fp16, q rescaled per row (_f16_query)
+    V_F16_STAGED: tl.constexpr,  # FP8 only: V converted before its layout change (_f16_values_before_the_dot)
     F16_TOP_EXPONENT: tl.constexpr,  # _f16_query's constants (base.F16_QUERY_*)
     F16_MAX_SHIFT: tl.constexpr,
 ):
@@ -209,7 +244,8 @@ def sparse_attention_split_kernel(
             tok_in_page, page, ok = _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile,
                                                     req_ok, n_tiles, num_pages, W, PAGE, BTW, BLOCK_N)
             keys_t, values = _kv_tile(k_ptr, v_ptr, tok_in_page, page, ok, d_idx, head_base, query.dtype,
-                                      STRIDE_PAGE, STRIDE_TOKEN, V_OFFSET, FP8, KV_BYTES)
+                                      STRIDE_PAGE, STRIDE_TOKEN, V_OFFSET, FP8, KV_BYTES,
+                                      V_F16_STAGED)
             acc, norm, run_max = _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max,
                                                       scale_log2, row_down, QK_FP16)
     else:
@@ -223,7 +259,8 @@ def sparse_attention_split_kernel(
                                                         tile, req_ok, n_tiles, num_pages, W, PAGE, BTW,
                                                         BLOCK_N)
             keys_t, values = _kv_tile(k_ptr, v_ptr, tok_in_page, page, ok, d_idx, head_base, query.dtype,
-                                      STRIDE_PAGE, STRIDE_TOKEN, V_OFFSET, FP8, KV_BYTES)
+                                      STRIDE_PAGE, STRIDE_TOKEN, V_OFFSET, FP8, KV_BYTES,
+                                      V_F16_STAGED)
             tile += NUM_SPLITS
             if PREFETCH:  # the next tile's tokens and pages, loaded while this one computes
                 next_tok, next_page, next_ok = _selected_pages(idx_ptr, bt_ptr, idx_row_offset,
