@@ -706,9 +706,12 @@ def triton_fp8_values_f16_staged() -> bool:
     conversions (sm_90 lowering, TP1 32-wide tiles, 2 splits, 1 warp: 256 ``LDS.U8`` and
     ~250 packing instructions of 2184). Staged, the loop is 1899 (1560 with the fp16 q.K^T),
     with 16 KB more shared memory per program (24.8 -> 41.0 KB: at most 5 one-warp programs
-    per SM instead of 8) and more spills (20 -> 368 B). Which weighs more is for the GPU to
-    say; off until measured. A function so that tests and the benchmark can switch it (read
-    into the launch plan: see ``triton_fp8_keys_f16_dot`` for the caches to clear).
+    per SM instead of 8) and more spills (20 -> 368 B). Measured on an H100 (2026-12-05,
+    notes/triton.md "Session 19"; 4096 programs): 1.36-1.40x slower at the table's 32-wide
+    tiles (TP1 1601 -> 2242 us), 18-25% faster at 16-wide tiles but still slower than 32-wide
+    without it: occupancy decides. Hence off. A function so that tests and the benchmark can
+    switch it (read into the launch plan: see ``triton_fp8_keys_f16_dot`` for the caches to
+    clear).
     """
     return False
 
