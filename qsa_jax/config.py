@@ -700,16 +700,22 @@ def triton_fp8_values_f16_staged() -> bool:
     """Whether the jax-triton split kernel converts an fp8 V tile to fp16 in the layout it was
     loaded in (its V_F16_STAGED; ``triton_kernels._f16_values_before_the_dot`` says how),
     instead of after reading it out of shared memory in the P.V operand's layout one byte
-    per element. Bit-identical (the same conversion instruction on the same bytes).
+    per element. The same conversion instruction on the same bytes, but not the same bits at
+    32-wide and wider tiles: Triton then lays the fp16 operand out with another k-width (2
+    instead of 4 in its TTGIR, a review helper's sm_90 compile), so the tokens of a tile enter
+    P.V's k16 MMAs in another grouping and the fp32 sums round differently (H100, 4096
+    programs: "bit-identical: False" at the 32-wide table launch, error from exact attention
+    2.3411526e-3 against 2.3411566e-3; identical at 16-wide tiles, one MMA per row of tokens).
+    So it is outside the fidelity contract there, inside the accuracy contract.
 
     Why: the byte-wise reads are the largest part of the one-warp fp8 tile loop after the
     conversions (sm_90 lowering, TP1 32-wide tiles, 2 splits, 1 warp: 256 ``LDS.U8`` and
     ~250 packing instructions of 2184). Staged, the loop is 1899 (1560 with the fp16 q.K^T),
     with 16 KB more shared memory per program (24.8 -> 41.0 KB: at most 5 one-warp programs
     per SM instead of 8) and more spills (20 -> 368 B). Measured on an H100 (2026-12-05,
-    notes/triton.md "Session 19"; 4096 programs): 1.36-1.40x slower at the table's 32-wide
-    tiles (TP1 1601 -> 2242 us), 18-25% faster at 16-wide tiles but still slower than 32-wide
-    without it: occupancy decides. Hence off. A function so that tests and the benchmark can
+    notes/triton.md "Session 19"; 4096 programs): 1.28-1.40x slower at the table's 32-wide
+    tiles (TP1 1601 -> 2242 us, TP4 1527 -> 1958), 18-24% faster at 16-wide tiles but still
+    slower than 32-wide without it: occupancy decides. Hence off. A function so that tests and the benchmark can
     switch it (read into the launch plan: see ``triton_fp8_keys_f16_dot`` for the caches to
     clear).
     """

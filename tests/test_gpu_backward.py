@@ -226,11 +226,11 @@ def test_pallas_backward_fp8_scaled_real_shapes(tp, fmt, rows):
     f32 = lambda x: x.astype(jnp.float32)
     kv32 = jnp.asarray(np.nan_to_num(kv8.astype(np.float32)))
     pair = jnp.stack([(jnp.float32(d ** -0.5) * 0.5) * jnp.float32(1.4426950408889634), jnp.float32(2.0)])
-    # The reference takes the fp8 call's tiling: on a GPU the fp8 table differs from the bf16 one.
+    # The reference takes the fp8 call's tiling: on a GPU the fp8 table differs from the bf16
+    # one (built with config=None it took the bf16 table; session 19 on an H100).
     bf16_problem = check_sparse_attention_args(q, kv32.astype(jnp.bfloat16), li, bt, tr, gate,
                                                use_prefill_config=False, config=p.config,
                                                scales_given=(True, True))
-    assert bf16_problem.config == p.config
     _, attention, lse = jax.jit(B.exact_forward, static_argnums=0)(
         bf16_problem, f32(q), (kv32,), li, bt, tr, f32(gate), pair)
     ref = jax.jit(B.xla_backward, static_argnums=0)(

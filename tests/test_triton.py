@@ -468,6 +468,7 @@ def _interpret_fp8_cases(sbase, stri) -> int:
         split = fused.transpose(0, 2, 1, 3)
         k8, v8 = np.ascontiguousarray(split[..., :d]), np.ascontiguousarray(split[..., d:])
         assert np.isnan(v8.astype(np.float32)).any()
+        first = {}  # layout -> the plain kernel's output bits
         for f16_dot, staged in KNOB_SETTINGS:
             _set_fp8_knobs(config, f16_dot, staged)
             stri._launch_plan.cache_clear()
@@ -485,10 +486,12 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                                jnp.asarray(edge.logical_indices), jnp.asarray(edge.block_table),
                                jnp.asarray(edge.token_to_req), jnp.asarray(edge.output_gate),
                                sbase.scale_operand(problem, 0.5, 2.0))
+                bits = first.setdefault(layout, np.asarray(got).view(np.uint16))
+                same = np.array_equal(bits, np.asarray(got).view(np.uint16))
                 got = np.asarray(got, np.float64)
                 err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
                 zeros = np.all(ref == 0, axis=-1)
-                ok = (err <= 1e-4 and not np.isnan(got).any() and zeros.any()
+                ok = (same and err <= 1e-4 and not np.isnan(got).any() and zeros.any()
                       and not got[zeros].any())
                 failures += not ok
                 print(f"sparse_attention fp8 edge+poison {layout} splits={cfg.num_splits}"
@@ -501,7 +504,7 @@ def _interpret_fp8_cases(sbase, stri) -> int:
 
 # The fp8 kernel variants every interpreter fp8 case runs, each bit for bit against the first:
 # (config.triton_fp8_keys_f16_dot, config.triton_fp8_values_f16_staged).
-KNOB_SETTINGS = ((False, False), (True, False), (False, True))
+KNOB_SETTINGS = ((False, False), (True, False), (False, True), (True, True))
 
 
 def _set_fp8_knobs(config, f16_dot, staged):
@@ -900,7 +903,8 @@ def test_split_kernel_staged_values_drop_the_byte_reads(tmp_path):
     memory with transposing ``ldmatrix`` loads, not one ``ld.shared.b8`` per element (256 per
     thread and tile), and is at least 10% shorter (2184 -> 1899; 1814 -> 1560 with the fp16
     q.K^T); the price is up to 16 KB more shared memory per program (config's docstring weighs
-    it). Bits: the interpreter check's and the GPU test's."""
+    it). Bits: the interpreter check's. The exact counts are Triton 3.6's lowering (the pinned
+    version): a Triton upgrade may move them, and then this test says so."""
     import re
 
     pytest.importorskip("triton")

@@ -84,14 +84,17 @@ def _f16_values_before_the_dot(values, KV_BYTES: tl.constexpr):
     consecutive tokens; the cache holds each token's D channels together, and sm_90 has no
     transposing shared-memory load for 8-bit data. Converted where Triton puts a plain
     ``.to(tl.float16)`` -- after reading the tile out of shared memory in the operand's layout
-    -- that read is one byte per element (256 ``ld.shared.u8`` per thread per 32-token tile at
+    -- that read is one byte per element (256 ``ld.shared.b8`` per thread per 32-token tile at
     one warp) plus the byte packing for the pair conversions. Converted here, in the load's
     layout (16 contiguous bytes per thread), Triton moves the fp16 tile into the operand's
     layout through shared memory with 16-byte stores and transposing ``ldmatrix`` loads.
     ``is_pure=False`` is what keeps the conversion here: a pure elementwise op is moved past
     the layout change into the operand's layout, the byte-wise reads again (checked on the
-    sm_90 lowering). Costs 2 bytes per V element of shared memory (16 KB per 32-token tile).
-    Not available in Triton's interpreter: qsa_testing.triton_interpreter emulates it."""
+    sm_90 lowering). Costs 2 bytes per V element of shared memory (16 KB per 32-token tile),
+    and from 32-token tiles Triton groups P.V's k differently (config's docstring: other fp32
+    rounding, not other values of V). ``pack=4``: each thread's elements come in fours
+    (16 contiguous bytes per thread here). Not available in Triton's interpreter:
+    qsa_testing.triton_interpreter emulates it."""
     if KV_BYTES:
         raw = values
     else:
@@ -110,13 +113,14 @@ def _kv_tile(k_ptr, v_ptr, tok_in_page, page, ok, d_idx, head_base, q_dtype: tl.
     keys_t = tl.load(k_ptr + base[None, :] + d_idx[:, None], mask=ok[None, :], other=0.0)  # [D, BN]
     values = tl.load(v_ptr + V_OFFSET + base[:, None] + d_idx[None, :], mask=ok[:, None], other=0.0)
     if FP8:  # converted in registers after the masked load: exact for e4m3
-        # K through fp16 (e4m3 -> fp16 is the hardware conversion; fp16 -> bf16 is
-        # exact here), as vLLM 0.34.0 does on the GPUs it supports; with QK_FP16 q_dtype is
-        # fp16 and K stops there.
+        # V to fp16 for the fp16 P.V (V_F16_STAGED: where, see _f16_values_before_the_dot).
         if V_F16_STAGED:
             values = _f16_values_before_the_dot(values, KV_BYTES)
         else:
             values = _e4m3(values, KV_BYTES).to(tl.float16)
+        # K through fp16 (e4m3 -> fp16 is the hardware conversion; fp16 -> bf16 is
+        # exact here), as vLLM 0.34.0 does on the GPUs it supports; with QK_FP16 q_dtype is
+        # fp16 and K stops there.
         keys_t = _e4m3(keys_t, KV_BYTES).to(tl.float16).to(q_dtype)
     return keys_t, values
 
