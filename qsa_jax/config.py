@@ -715,9 +715,9 @@ def triton_fp8_values_f16_staged() -> bool:
     per SM instead of 8) and more spills (20 -> 368 B). Measured on an H100 (2026-12-05,
     notes/triton.md "Session 19"; 4096 programs): 1.28-1.40x slower at the table's 32-wide
     tiles (TP1 1601 -> 2242 us, TP4 1527 -> 1958), 18-24% faster at 16-wide tiles but still
-    slower than 32-wide without it: occupancy decides. Hence off. A function so that tests and the benchmark can
-    switch it (read into the launch plan: see ``triton_fp8_keys_f16_dot`` for the caches to
-    clear).
+    slower than 32-wide without it: occupancy decides. Hence off. A function so that tests and
+    the benchmark can switch it (read into the launch plan: see ``triton_fp8_keys_f16_dot`` for
+    the caches to clear).
     """
     return False
 

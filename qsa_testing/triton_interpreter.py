@@ -101,9 +101,11 @@ def patch_interpreter() -> None:
 
     ti._convert_float = convert_float
 
-    from qsa_jax.ops.sparse_attention.triton_kernels import E4M3X4_TO_F16X4_PTX
-
     def create_inline_asm(self, inline_asm, constraints, values, result_types, is_pure, pack):
+        # Imported here, not above: the kernels module must be first imported under the
+        # interpreter's environment by whoever runs its kernels (a kernel calling this has been).
+        from qsa_jax.ops.sparse_attention.triton_kernels import E4M3X4_TO_F16X4_PTX
+
         if inline_asm != E4M3X4_TO_F16X4_PTX.value or pack != 4 or len(values) != 1:
             raise NotImplementedError("inline_asm not supported in interpreter mode "
                                       "(qsa_testing emulates E4M3X4_TO_F16X4_PTX only)")
