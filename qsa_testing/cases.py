@@ -28,6 +28,12 @@ def bf16_random(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarr
     return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(BF16)
 
 
+def off_grid_gate(rng: np.random.Generator, gate: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """``gate`` times a fresh factor in [0.9, 1.1), in ``dtype``: values bf16 cannot hold, for
+    checking that a float gate is read at its width (as the originals read any float gate)."""
+    return (gate.astype(np.float32) * rng.uniform(0.9, 1.1, gate.shape).astype(np.float32)).astype(dtype)
+
+
 @dataclasses.dataclass
 class SparseAttentionCase:
     """Inputs of one sparse-attention call (fused kv_cache layout)."""

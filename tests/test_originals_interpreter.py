@@ -89,8 +89,7 @@ def _sparse(orig, rng, name, blocks, splits, gate_dtype=None):
     rows = 10  # one of each degenerate row kind
     case = C.small_edge_case(rng, name, rows=rows, selection_blocks=blocks)
     if gate_dtype is not None:  # a gate bf16 cannot hold: the originals read it as fp32, as must we
-        case.output_gate = (case.output_gate.astype(np.float32)
-                            * rng.uniform(0.9, 1.1, case.output_gate.shape).astype(np.float32)).astype(gate_dtype)
+        case.output_gate = C.off_grid_gate(rng, case.output_gate, gate_dtype)
     # The config the originals pick for themselves (their own table, not ours).
     cfg = SparseAttentionConfig(*orig._select_config(rows, case.num_kv_heads, False, case.selection_width))
     assert cfg.num_splits == splits, f"{name}: the originals chose {tuple(cfg)}, not {splits} split(s)"

@@ -295,8 +295,7 @@ def _interpret_sparse_cases(max_rows: int, max_cost: int):
     rng = np.random.default_rng(seed)
     case = C.small_edge_case(rng, "fresh_edge")
     # The gate in fp32, off bf16's grid: the kernels read it as fp32, as the originals do.
-    case.output_gate = (case.output_gate.astype(np.float32)
-                        * rng.uniform(0.9, 1.1, case.output_gate.shape).astype(np.float32))
+    case.output_gate = C.off_grid_gate(rng, case.output_gate)
     problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
                                                 case.token_to_req, case.output_gate, use_prefill_config=False,
                                                 config=None)
