@@ -722,6 +722,29 @@ def triton_fp8_values_f16_staged() -> bool:
     return False
 
 
+def triton_fp8_gluon_split() -> bool:
+    """Whether an fp8 problem at a one-warp jax-triton launch runs its split kernel in Gluon
+    (``gluon_kernels.sparse_attention_split_kernel_fp8_gluon``) instead of Triton's language,
+    where that kernel applies (``triton.gluon_split_applies``: one warp, at most 16 query heads
+    per KV head, D a power of two in [32, 256], tiles of 16 tokens or more).
+
+    Why: the Gluon kernel takes V from the cache straight into the P.V operand's registers
+    (no shared memory, no byte-wise reads) and keeps the next tile's K in flight while a tile
+    computes; its sm_90 tile loop is 1687 instructions against Triton's 2184 at the TP1 table
+    launch (1336 against 1814 with the fp16 q.K^T), same shared memory, no spills (CPU
+    compile, notes/triton.md "Session 20"). Meant to be the same bits as the Triton kernel.
+    Off until measured on a GPU. A function so that tests and the benchmark can switch it
+    (read into the launch plan: see ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
+    return False
+
+
+def triton_fp8_gluon_values_early() -> bool:
+    """Whether the Gluon fp8 split kernel issues a tile's V loads before its q.K^T (their
+    latency hidden behind it, at the cost of 64 registers held across it: 88 B of spills at
+    the TP1 table launch) rather than after it (no spills). Off until measured."""
+    return False
+
+
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
 # Up to this many (row, head) pairs the merge splits D, for more programs than SMs.

@@ -22,7 +22,7 @@ fi
 for impl in ${IMPLS:-pallas triton}; do
   parts="sparse0 sparse1 sparse2 sparse3 indexer"
   [ "$impl" = pallas ] && parts="$parts fp8 fused backward backward_fp8"  # extra parts (memcheck.py EXTRA_PART_IMPLS)
-  [ "$impl" = triton ] && parts="$parts fp8"
+  [ "$impl" = triton ] && parts="$parts fp8 fp8_gluon"
   for part in ${PARTS:-$parts}; do
     log="$OUT/memcheck_${impl}_${part}.log"
     timeout "${PART_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 3 \

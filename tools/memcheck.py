@@ -86,11 +86,13 @@ def _impls(op: str, only: str | None) -> list[str]:
 # and the token-major dK/dV kernel's writes, where a stray address writes, not just reads).
 # backward_fp8: the same through vLLM 0.34's arithmetic (an e4m3 cache, k/v scales; session 18),
 # where the kernels decode fp8 tiles after the masked load and take a scale operand.
-EXTRA_PARTS = ("fp8", "fused", "backward", "backward_fp8")
+# fp8_gluon (session 20): the Gluon fp8 split kernel (config.triton_fp8_gluon_split forced on) at
+# one-warp tilings, V early and late -- its V loads go straight from the cache to registers.
+EXTRA_PARTS = ("fp8", "fused", "backward", "backward_fp8", "fp8_gluon")
 # fp8 also through jax-triton (the fp8 default on Hopper where the table names it, sessions 8-10); the
 # fused merge and the backward exist in Pallas only.
 EXTRA_PART_IMPLS = {"fp8": ("pallas", "triton"), "fused": ("pallas",), "backward": ("pallas",),
-                    "backward_fp8": ("pallas",)}
+                    "backward_fp8": ("pallas",), "fp8_gluon": ("triton",)}
 EXTRA_SHAPES = (0, 2)
 
 
@@ -109,6 +111,32 @@ def _extra_part(name, case, impl, args, results, label):
             out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
                                                             implementation=i)) for i in (impl, "xla"))
             _record(results, f"{label} fp8 {fmt}", _agrees(out, ref))
+    elif name == "fp8_gluon":
+        from qsa_jax import config
+        from qsa_jax.ops.sparse_attention import triton as stri
+        from qsa_jax.ops.sparse_attention.api import _run as jitted
+
+        width = case.logical_indices.shape[1] - 1
+        saved = config.triton_fp8_gluon_split, config.triton_fp8_gluon_values_early
+        try:
+            for early in (False, True):
+                config.triton_fp8_gluon_split = lambda: True
+                config.triton_fp8_gluon_values_early = lambda early=early: early
+                jitted.clear_cache()
+                stri._launch_plan.cache_clear()
+                for bn, splits in ((32, 2), (16, 1)):
+                    tiling = (bn, 1, -(-width // bn), splits)
+                    for fmt, kv in _fp8_caches(case).items():
+                        fp8_args = (args[0], kv) + args[2:]
+                        out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
+                                                                        config=tiling, implementation=i))
+                                    for i in (impl, "xla"))
+                        _record(results, f"{label} fp8 gluon {fmt} bn{bn} s{splits} early={early}",
+                                _agrees(out, ref))
+        finally:
+            config.triton_fp8_gluon_split, config.triton_fp8_gluon_values_early = saved
+            jitted.clear_cache()
+            stri._launch_plan.cache_clear()
     elif name == "fused":
         out = np.asarray(qsa_jax.sparse_attention(*args, implementation=impl,
                                                   launch=qsa_jax.PallasLaunch(merge="fused")))

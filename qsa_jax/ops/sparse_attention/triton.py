@@ -55,6 +55,7 @@ class LaunchPlan:
     # rows, requests - 1 (the largest valid request id: triton_kernels says why), pages
     split_scalars: tuple[int, int, int]
     split_meta: tuple[tuple[str, object], ...]  # constexprs, num_warps and num_stages
+    split_kernel: str  # "triton" (triton_kernels) or "gluon" (gluon_kernels; fp8 at one warp)
     out_shapes: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per output
     merge_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the result
     merge_meta: tuple[tuple[str, object], ...] | None
@@ -80,28 +81,63 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
         strides = dict(STRIDE_PAGE=kv.page_size * kv.num_kv_heads * d, STRIDE_TOKEN=kv.num_kv_heads * d,
                        STRIDE_HEAD=d, V_OFFSET=0)
     splits = cfg.num_splits
-    split_meta = dict(
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
-        W=p.selection_width, PAGE=kv.page_size, BTW=p.table_width, GROUP=p.group_size,
-        HEADS=heads, D=d, Q_ROW_STRIDE=p.queries.row_stride, Q_HEAD_STRIDE=p.queries.head_stride,
-        Q_OFFSET=p.queries.offset, BLOCK_M=next_pow2(p.group_size), BLOCK_N=cfg.block_n,
-        NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
-        PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
-        TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
-        KV_BYTES=p.kv_format == "e4m3_bytes", QK_FP16=p.is_fp8 and config.triton_fp8_keys_f16_dot(p.group_size),
-        V_F16_STAGED=p.is_fp8 and config.triton_fp8_values_f16_staged(),
-        F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
+    # What both split kernels take alike.
+    common = dict(W=p.selection_width, PAGE=kv.page_size, BTW=p.table_width, GROUP=p.group_size, HEADS=heads,
+                  D=d, Q_ROW_STRIDE=p.queries.row_stride, Q_HEAD_STRIDE=p.queries.head_stride,
+                  Q_OFFSET=p.queries.offset, BLOCK_N=cfg.block_n, NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
+                  QK_FP16=p.is_fp8 and config.triton_fp8_keys_f16_dot(p.group_size),
+                  F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
+    if config.triton_fp8_gluon_split() and gluon_split_applies(p, cfg.block_n, launch.num_warps):
+        split_kernel = "gluon"
+        split_meta = dict(num_warps=1, num_stages=launch.num_stages, KC=GLUON_KEY_CHANNELS,
+                          V_EARLY=config.triton_fp8_gluon_values_early(), **common)
+    else:
+        split_kernel = "triton"
+        split_meta = dict(
+            num_warps=launch.num_warps, num_stages=launch.num_stages, BLOCK_M=next_pow2(p.group_size),
+            PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
+            TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
+            KV_BYTES=p.kv_format == "e4m3_bytes", V_F16_STAGED=p.is_fp8 and config.triton_fp8_values_f16_staged(),
+            **common)
     scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:
-        return LaunchPlan((rows, kv.num_kv_heads, 1), scalars, tuple(split_meta.items()),
+        return LaunchPlan((rows, kv.num_kv_heads, 1), scalars, tuple(split_meta.items()), split_kernel,
                           (((rows, heads, d), "bfloat16"), ((1,), "float32")),  # lse slot unused
                           None, None)
     block_d = launch.merge_block_d
     merge_meta = dict(num_warps=launch.merge_warps, num_stages=1, HEADS=heads, D=d, NUM_SPLITS=splits,
                       BLOCK_S=next_pow2(splits), BLOCK_D=block_d)
-    return LaunchPlan((rows, kv.num_kv_heads, splits), scalars, tuple(split_meta.items()),
+    return LaunchPlan((rows, kv.num_kv_heads, splits), scalars, tuple(split_meta.items()), split_kernel,
                       (((splits, rows, heads, d), "float32"), ((splits, rows, heads), "float32")),
                       (rows, heads, d // block_d), tuple(merge_meta.items()))
+
+
+# q.K^T channels per step of the Gluon kernel (64 and 32 compile alike at the TP1 launch).
+GLUON_KEY_CHANNELS = 64
+
+
+def gluon_split_applies(problem: SparseAttentionProblem, block_n: int, num_warps: int) -> bool:
+    """Whether ``gluon_kernels.sparse_attention_split_kernel_fp8_gluon`` can run this launch:
+    an fp8 cache (with its scales), one warp, at most 16 query heads per KV head (one 16-row
+    MMA tile), D a power of two in [32, 256] (its layouts), tiles of at least 16 tokens; and
+    a Triton with Gluon and a jax-triton whose internals ``_gluon_support`` knows."""
+    from qsa_jax.ops import _gluon_support
+
+    d = problem.head_dim
+    return (problem.is_fp8 and problem.scaled and num_warps == 1 and problem.group_size <= 16
+            and 32 <= d <= 256 and d & (d - 1) == 0 and block_n >= 16
+            and _gluon_support.unavailable_reason() is None)
+
+
+def split_kernel(plan: LaunchPlan):
+    """The split kernel ``plan`` launches (the Gluon module is imported only when one does)."""
+    if plan.split_kernel == "gluon":
+        from qsa_jax.ops import _gluon_support
+        from qsa_jax.ops.sparse_attention import gluon_kernels
+
+        _gluon_support.install()
+        return gluon_kernels.sparse_attention_split_kernel_fp8_gluon
+    return _k.sparse_attention_split_kernel
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
@@ -119,7 +155,7 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         # Without scales the kernel never reads scale_ptr: any array fills the slot.
         q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
         scales if p.scaled else token_to_req, *plan.split_scalars,
-        kernel=_k.sparse_attention_split_kernel,
+        kernel=split_kernel(plan),
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in plan.out_shapes],
         grid=plan.split_grid,
         name="qsa_sparse_attention_split",

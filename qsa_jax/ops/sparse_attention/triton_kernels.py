@@ -42,6 +42,22 @@ import triton.language as tl
 
 
 @triton.jit
+def _row_tiles(req_ptr, idx_ptr, row, last_request, W: tl.constexpr, BTW: tl.constexpr,
+               BLOCK_N: tl.constexpr, NUM_TILES: tl.constexpr):
+    """A row's request check and offsets, and the tiles it consumes: (request valid,
+    block-table row offset, selection row offset, tiles). A count <= 0 gives no tile; an
+    invalid request id reads block-table row 0 or ``last_request`` (clamped) under a false
+    ``req_ok``, so no entry of the row is valid. Also called by gluon_kernels' kernel."""
+    req = tl.load(req_ptr + row)
+    req_ok = (req >= 0) & (req <= last_request)
+    bt_row_offset = tl.minimum(tl.maximum(req, 0), last_request) * BTW
+    idx_row_offset = row * (W + 1)
+    count = tl.minimum(tl.load(idx_ptr + idx_row_offset + W), W)
+    n_tiles = tl.minimum(tl.maximum((count + BLOCK_N - 1) // BLOCK_N, 0), NUM_TILES)
+    return req_ok, bt_row_offset, idx_row_offset, n_tiles
+
+
+@triton.jit
 def _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile, req_ok, n_tiles,
                     num_pages, W: tl.constexpr, PAGE: tl.constexpr, BTW: tl.constexpr,
                     BLOCK_N: tl.constexpr):
@@ -50,6 +66,15 @@ def _selected_pages(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile, req_ok
     ``tile >= n_tiles`` (a prefetch past the split's last tile) loads nothing.
     """
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    return _pages_of_columns(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, cols, tile, req_ok, n_tiles,
+                             num_pages, W, PAGE, BTW)
+
+
+@triton.jit
+def _pages_of_columns(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, cols, tile, req_ok, n_tiles, num_pages,
+                      W: tl.constexpr, PAGE: tl.constexpr, BTW: tl.constexpr):
+    """``_selected_pages`` for given selection columns ``cols`` of tile ``tile`` (the Gluon
+    kernel passes them in the layout it wants)."""
     in_tile = (cols < W) & (tile < n_tiles)
     tok = tl.load(idx_ptr + idx_row_offset + cols, mask=in_tile, other=-1)
     safe_tok = tl.maximum(tok, 0)
@@ -206,13 +231,8 @@ def sparse_attention_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    req = tl.load(req_ptr + row)
-    req_ok = (req >= 0) & (req <= last_request)
-    bt_row_offset = tl.minimum(tl.maximum(req, 0), last_request) * BTW
-    idx_row_offset = row * (W + 1)
-    count = tl.minimum(tl.load(idx_ptr + idx_row_offset + W), W)
-    # Tiles this row consumes; a count <= 0 gives none.
-    n_tiles = tl.minimum(tl.maximum((count + BLOCK_N - 1) // BLOCK_N, 0), NUM_TILES)
+    req_ok, bt_row_offset, idx_row_offset, n_tiles = _row_tiles(req_ptr, idx_ptr, row, last_request, W, BTW,
+                                                                 BLOCK_N, NUM_TILES)
 
     m_idx = tl.arange(0, BLOCK_M)
     d_idx = tl.arange(0, D)

@@ -1,0 +1,254 @@
+"""The Gluon fp8 split kernel (``gluon_kernels.py``) and its way through jax-triton (``_gluon_support``).
+
+CPU: jax-triton's private API where the hook expects it (read from its source: jax-triton does
+not import without a GPU); the kernel compiled for sm_90 by Triton's own compiler -- V never in
+shared memory, no byte-wise shared reads, 32-bit V loads, a shorter tile loop than the Triton
+kernel's at the same launch, no spills; the launch plan picks it only where it applies, with
+arguments the kernel takes. Triton's interpreter does not run Gluon, so the kernel's values are
+the GPU tests' (bit for bit against the Triton kernel, and against exact attention).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import qsa_jax
+from qsa_jax import config as cfgmod
+from qsa_jax.config import SparseAttentionConfig
+from qsa_testing import cases as C
+
+K_SCALE, V_SCALE = 0.5, 2.0
+E4M3_CODES = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)  # every finite e4m3 code
+
+
+# ------------------------------------------------------------------------ jax-triton's private API
+
+
+def test_jax_triton_private_api_is_where_the_hook_expects():
+    """``_gluon_support.install`` wraps ``jax_triton.triton_lib.get_or_create_triton_kernel``;
+    this fails when an upgrade moves it. The checker itself is shown to notice each change."""
+    import importlib.util
+    import os
+
+    from qsa_jax.ops import _gluon_support as G
+
+    spec = importlib.util.find_spec("jax_triton")  # not imported: it refuses to without a GPU
+    if spec is None:
+        pytest.skip("jax-triton is not installed")
+    assert G.signature_problems() == []
+    with open(os.path.join(list(spec.submodule_search_locations)[0], "triton_lib.py")) as f:
+        source = f.read()
+    broken = {
+        "renamed": source.replace("def get_or_create_triton_kernel(", "def get_or_build_triton_kernel("),
+        "keyword": source.replace("    enable_fp_fusion,\n    metaparams,\n    dump: bool,",
+                                  "    enable_fp_fusion,\n    params,\n    dump: bool,"),
+        "kernel": source.replace("        compilation_result.binary,\n        ttir,\n", "        compilation_result.binary,\n"),
+        "not called": source.replace("kernel, specialization_attr = get_or_create_triton_kernel(",
+                                     "kernel, specialization_attr = _kernel_for(")}
+    for what, text in broken.items():
+        assert text != source, f"the {what!r} edit no longer applies to this jax-triton's source"
+        assert G.signature_problems(text), what
+
+
+# ------------------------------------------------------------------------ sm_90 compile (no GPU)
+
+
+TABLE_LAUNCH = (32, 1, 65, 2)  # the H200 fp8 table at 1024-4096 programs: 32-wide tiles, 1 warp, 2 splits
+
+
+def _problem(tp="TP1", rows=1024, fmt="e4m3", config=TABLE_LAUNCH):
+    """A sparse-attention problem at geometry ``tp`` (shapes only) with the given tiling."""
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax import arg_specs
+    from qsa_jax.ops.sparse_attention import base as sbase
+
+    g = arg_specs.GEOMETRIES[tp]
+    w, s = 2051, jax.ShapeDtypeStruct
+    cache = {"e4m3": jnp.float8_e4m3fn, "e4m3_bytes": jnp.uint8, "bf16": jnp.bfloat16}[fmt]
+    return sbase.check_sparse_attention_args(
+        s((rows, g.num_query_heads, g.head_dim), jnp.bfloat16),
+        s((512, g.num_kv_heads, g.page_size, 2 * g.head_dim), cache),
+        s((rows, w + 1), jnp.int32), s((2, 512), jnp.int32), s((rows,), jnp.int32),
+        s((rows, g.num_query_heads * g.head_dim), jnp.bfloat16), use_prefill_config=False, config=tuple(config),
+        scales_given=(fmt != "bf16",) * 2)
+
+
+def _plan(problem, monkeypatch, on=True, early=False):
+    from qsa_jax.ops.sparse_attention import triton as T
+
+    monkeypatch.setattr(cfgmod, "triton_fp8_gluon_split", lambda: on)
+    monkeypatch.setattr(cfgmod, "triton_fp8_gluon_values_early", lambda: early)
+    T._launch_plan.cache_clear()
+    try:
+        return T._launch_plan(problem, (9, 0))
+    finally:
+        T._launch_plan.cache_clear()
+
+
+def _compile(plan, cache_type):
+    """The plan's split kernel compiled for sm_90 as jax-triton would specialise it."""
+    from qsa_jax.ops import _gluon_support as G
+    from qsa_jax.ops.sparse_attention import gluon_kernels, triton_kernels
+
+    meta = dict(plan.split_meta)
+    warps, stages = meta.pop("num_warps"), meta.pop("num_stages")
+    out = "*bf16" if plan.merge_grid is None else "*fp32"
+    dtypes = ["*bf16", cache_type, cache_type, "*i32", "*i32", "*i32", "*bf16", "*fp32", "i32", "i32", "i32",
+              out, "*fp32"]
+    scalars = [(8 + i, "i32", v) for i, v in enumerate(plan.split_scalars)]
+    if plan.split_kernel == "gluon":
+        fn = gluon_kernels.sparse_attention_split_kernel_fp8_gluon
+        compiled, _ = G.compile_for_jax_triton(fn, dtypes, scalars, num_warps=warps, num_ctas=1,
+                                               compute_capability=90, enable_fp_fusion=True, metaparams=meta)
+        return compiled
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = triton_kernels.sparse_attention_split_kernel
+    signature = {fn.arg_names[i]: t for i, t in enumerate(dtypes)}
+    consts = dict(meta, **{fn.arg_names[i]: 1 for i, _, v in scalars if v == 1})
+    signature.update({k: "constexpr" for k in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(dtypes) if t.startswith("*")}
+    return triton.compile(ASTSource(fn, signature, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
+def _sass_numbers(compiled, tmp_path, name):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import sm90_ptx_fp8 as P
+    import sm90_split_kernel_ab as A
+
+    return A.compiled_numbers(compiled, str(tmp_path / f"{name}.ptx")), P
+
+
+@pytest.mark.parametrize("tp,fmt", [("TP1", "e4m3"), ("TP4", "e4m3_bytes")])
+def test_gluon_kernel_compiles_for_sm90(tp, fmt, monkeypatch, tmp_path):
+    """At the measured Hopper table's one-warp fp8 launch (1024-4096 programs: 32-wide tiles,
+    2 splits): V travels global memory -> registers only (shared memory = q + two K tiles; no
+    byte-wise shared reads; the V tile in 32-bit loads), and the tile loop is at most 0.8x
+    the Triton kernel's at the same launch, without spills (V loads after q.K^T, the default)."""
+    pytest.importorskip("triton")
+    rows = 1024
+    cache = "*u8" if fmt == "e4m3_bytes" else "*fp8e4nv"
+    gplan = _plan(_problem(tp, rows, fmt), monkeypatch)
+    tplan = _plan(_problem(tp, rows, fmt), monkeypatch, on=False)
+    assert gplan.split_kernel == "gluon" and tplan.split_kernel == "triton"
+    meta = dict(gplan.split_meta)
+    bn, d = meta["BLOCK_N"], meta["D"]
+    assert (bn, meta["NUM_SPLITS"], meta["num_warps"]) == (32, 2, 1)
+    gk = _compile(gplan, cache)
+    tk = _compile(tplan, cache)
+    ptx = gk.asm["ptx"]
+    q_bytes = 16 * d * 2
+    assert gk.metadata.shared <= q_bytes + 2 * bn * d + 1024, gk.metadata.shared
+    assert not re.search(r"ld\.shared\.(b8|u8|s8)", ptx)
+    assert len(re.findall(r"ld\.global(\.\w+)*\.b32", ptx)) >= bn * d // 4 // 32  # V: 4 bytes per load
+    g, P = _sass_numbers(gk, tmp_path, "gluon")
+    t, _ = _sass_numbers(tk, tmp_path, "triton")
+    assert int(g["spill_stores"]) == 0, g
+    assert g["loop_length"] <= 0.8 * t["loop_length"], (g["loop_length"], t["loop_length"])
+
+
+def test_plan_picks_gluon_only_where_it_applies(monkeypatch):
+    """The knob moves fp8 one-warp launches to the Gluon kernel with arguments it takes
+    (every constexpr a parameter, every parameter given); bf16 caches, 2-warp launches and
+    the knob off keep the Triton kernel."""
+    from qsa_jax.ops.sparse_attention import gluon_kernels
+
+    fn = gluon_kernels.sparse_attention_split_kernel_fp8_gluon
+    names = list(inspect.signature(fn.fn).parameters)
+    plan = _plan(_problem("TP1", 1024), monkeypatch)
+    assert plan.split_kernel == "gluon"
+    meta = dict(plan.split_meta)
+    given = names[:13] + [k for k in meta if k not in ("num_warps", "num_stages")]
+    assert sorted(given) == sorted(names), set(given) ^ set(names)
+    assert meta["V_EARLY"] is False and _plan(_problem("TP1", 1024), monkeypatch, early=True).split_meta != plan.split_meta
+    assert _plan(_problem("TP1", 1024, "bf16"), monkeypatch).split_kernel == "triton"
+    assert _plan(_problem("TP1", 1024, config=(32, 2, 65, 4)), monkeypatch).split_kernel == "triton"
+    assert _plan(_problem("TP1", 1024), monkeypatch, on=False).split_kernel == "triton"
+
+
+def test_shim_launches_the_plans_kernel(monkeypatch):
+    pytest.importorskip("torch")
+    from qsa_jax.ops.sparse_attention import gluon_kernels, triton_kernels
+    from qsa_torch_shim import _direct
+
+    plan = _plan(_problem("TP1", 1024), monkeypatch)
+    assert _direct._split_kernel(plan) is gluon_kernels.sparse_attention_split_kernel_fp8_gluon
+    plan = _plan(_problem("TP1", 1024), monkeypatch, on=False)
+    assert _direct._split_kernel(plan) is triton_kernels.sparse_attention_split_kernel
+
+
+# ------------------------------------------------------------------------ GPU
+
+
+def _gpu_case(tp, rows, seed):
+    from qsa_jax import arg_specs
+
+    g = arg_specs.GEOMETRIES[tp]
+    rng = np.random.default_rng(seed)
+    case = C.sparse_attention_case(rng, rows=rows, num_query_heads=g.num_query_heads, num_kv_heads=g.num_kv_heads,
+                                   head_dim=g.head_dim, page_size=64, selection_blocks=512, context_tokens=8192,
+                                   num_requests=4, make_cache=True)
+    return C.add_edge_rows(rng, case), rng
+
+
+GPU_CASES = [  # (geometry, cache, tiling, V loads early)
+    ("TP1", "e4m3", TABLE_LAUNCH, False), ("TP1", "e4m3", TABLE_LAUNCH, True),
+    ("TP4", "e4m3", TABLE_LAUNCH, False), ("TP4", "e4m3", TABLE_LAUNCH, True),
+    ("TP1", "e4m3_bytes", (32, 1, 65, 4), False), ("TP4", "e4m3_bytes", (32, 1, 65, 1), False),
+    ("TP1", "e4m3", (32, 1, 65, 1), False), ("TP1", "e4m3", (16, 1, 129, 8), False),
+    ("TP4", "e4m3", (64, 1, 33, 1), True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tp,fmt,tiling,early", GPU_CASES,
+                         ids=[f"{t}-{f}-bn{c[0]}-s{c[3]}-{'early' if e else 'late'}" for t, f, c, e in GPU_CASES])
+def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, early, monkeypatch):
+    """On the GPU: the Gluon split kernel's output is the Triton kernel's, bit for bit, at
+    one-warp launches (32-wide tiles with 1, 2, 4 splits; 16-wide with 8; 64-wide), on
+    random finite e4m3 codes with every degenerate row kind, and with poison in every
+    unreferenced cache row (K 448, V NaN) -- exact zeros where rows have no entries, no NaN."""
+    import jax
+
+    from qsa_jax.ops.sparse_attention import triton as T
+    from qsa_jax.ops.sparse_attention.api import _run as jitted
+
+    if jax.default_backend() not in ("gpu", "cuda"):
+        pytest.skip("needs a CUDA GPU")
+    if T.why_not():
+        pytest.skip(T.why_not())
+    case, rng = _gpu_case(tp, 64, seed=GPU_CASES.index((tp, fmt, tiling, early)) + 100)
+    cfg = SparseAttentionConfig(*tiling)
+    bits = rng.choice(E4M3_CODES, case.kv_cache.shape)
+    stray = ~C.referenced_rows(case, cfg)
+    d = case.head_dim
+    unref = np.broadcast_to(stray[:, None, :, None], bits.shape)
+    bits[..., :d][unref[..., :d]] = 0x7E  # 448: a stray score would take its row
+    bits[..., d:][unref[..., d:]] = 0x7F  # NaN: a stray value would show
+    kv = bits if fmt == "e4m3_bytes" else bits.view(C.E4M3)
+    kv = jax.device_put(kv)
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(cfgmod, "triton_fp8_gluon_split", lambda on=on: on)
+        monkeypatch.setattr(cfgmod, "triton_fp8_gluon_values_early", lambda: early)
+        jitted.clear_cache()
+        T._launch_plan.cache_clear()
+        outs[on] = np.asarray(qsa_jax.sparse_attention(
+            case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+            config=cfg, implementation="triton", k_scale=K_SCALE, v_scale=V_SCALE))
+    jitted.clear_cache()
+    T._launch_plan.cache_clear()
+    assert not np.isnan(outs[False].astype(np.float32)).any()
+    assert (outs[False].astype(np.float32) == 0).all(axis=(1, 2)).any()  # the empty rows are there
+    np.testing.assert_array_equal(outs[True].view(np.uint16), outs[False].view(np.uint16))
