@@ -152,7 +152,7 @@ def test_gluon_kernel_compiles_for_sm90(tp, fmt, monkeypatch, tmp_path):
     q_bytes = 16 * d * 2
     assert gk.metadata.shared <= q_bytes + 2 * bn * d + 1024, gk.metadata.shared
     assert not re.search(r"ld\.shared\.(b8|u8|s8)", ptx)
-    assert len(re.findall(r"ld\.global(\.\w+)*\.b32", ptx)) >= bn * d // 4 // 32  # V: 4 bytes per load
+    assert len(re.findall(r"ld\.global\.b32", ptx)) >= bn * d // 4 // 32  # V: one 4-byte load per 4 channels
     g, P = _sass_numbers(gk, tmp_path, "gluon")
     t, _ = _sass_numbers(tk, tmp_path, "triton")
     assert int(g["spill_stores"]) == 0, g
