@@ -728,20 +728,16 @@ def triton_fp8_gluon_split() -> bool:
     where that kernel applies (``triton.gluon_split_applies``: one warp, at most 16 query heads
     per KV head, D a power of two in [32, 256], tiles of 16 tokens or more).
 
-    Why: the Gluon kernel takes V from the cache straight into the P.V operand's registers
-    (no shared memory, no byte-wise reads) and keeps the next tile's K in flight while a tile
-    computes; its sm_90 tile loop is 1687 instructions against Triton's 2184 at the TP1 table
-    launch (1336 against 1814 with the fp16 q.K^T), same shared memory, no spills (CPU
-    compile, notes/triton.md "Session 20"). Meant to be the same bits as the Triton kernel.
-    Off until measured on a GPU. A function so that tests and the benchmark can switch it
-    (read into the launch plan: see ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
-    return False
-
-
-def triton_fp8_gluon_values_early() -> bool:
-    """Whether the Gluon fp8 split kernel issues a tile's V loads before its q.K^T (their
-    latency hidden behind it, at the cost of 64 registers held across it: 88 B of spills at
-    the TP1 table launch) rather than after it (no spills). Off until measured."""
+    What it changes: V goes from the cache straight into the P.V operand's registers (no shared
+    memory, no byte-wise reads) and the next tile's K is in flight while a tile computes; the
+    sm_90 tile loop is 1687 instructions against Triton's 2184 at the TP1 table launch (1336
+    against 1814 with the fp16 q.K^T), same shared memory, no spills. Bit-identical to the
+    Triton kernel (H100, 2026-12-05: 6 GPU test launches with edge rows and poison, and the
+    A/B's 8 cases). Not faster on the H100 (busy time at the table's launch, 1024-8192 programs:
+    TP1 +0.0 to +1.4%, TP4 +5.1 to +5.9% (split kernel alone); notes/triton.md "Session 20"), where the Triton
+    kernel's fp8 path already runs at 87-96% of copy bandwidth; untimed on an H200. Hence off.
+    A function so that tests and the benchmark can switch it (read into the launch plan: see
+    ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
     return False
 
 

@@ -79,11 +79,10 @@ def _problem(tp="TP1", rows=1024, fmt="e4m3", config=TABLE_LAUNCH):
         scales_given=(fmt != "bf16",) * 2)
 
 
-def _plan(problem, monkeypatch, on=True, early=False):
+def _plan(problem, monkeypatch, on=True):
     from qsa_jax.ops.sparse_attention import triton as T
 
     monkeypatch.setattr(cfgmod, "triton_fp8_gluon_split", lambda: on)
-    monkeypatch.setattr(cfgmod, "triton_fp8_gluon_values_early", lambda: early)
     T._launch_plan.cache_clear()
     try:
         return T._launch_plan(problem, (9, 0))
@@ -159,6 +158,32 @@ def test_gluon_kernel_compiles_for_sm90(tp, fmt, monkeypatch, tmp_path):
     assert g["loop_length"] <= 0.8 * t["loop_length"], (g["loop_length"], t["loop_length"])
 
 
+@pytest.mark.parametrize("d,group,block_n", [(32, 4, 16), (64, 16, 32), (128, 1, 64)])
+def test_gluon_kernel_compiles_at_every_head_dim_it_accepts(d, group, block_n, monkeypatch):
+    """Every launch ``gluon_split_applies`` lets through compiles (D 32-128 here besides the real
+    256: the K step is capped at D), with the V tile kept out of shared memory."""
+    pytest.importorskip("triton")
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention import base as sbase
+
+    rows, kv_heads, page, w = 8, 2, 16, 4 * block_n - 3
+    s = jax.ShapeDtypeStruct
+    problem = sbase.check_sparse_attention_args(
+        s((rows, group * kv_heads, d), jnp.bfloat16), s((64, kv_heads, page, 2 * d), jnp.float8_e4m3fn),
+        s((rows, w + 1), jnp.int32), s((2, 64), jnp.int32), s((rows,), jnp.int32),
+        s((rows, group * kv_heads * d), jnp.bfloat16), use_prefill_config=False,
+        config=(block_n, 1, -(-w // block_n), 2), scales_given=(True, True))
+    plan = _plan(problem, monkeypatch)
+    assert plan.split_kernel == "gluon" and dict(plan.split_meta)["KC"] == min(64, d)
+    compiled = _compile(plan, "*fp8e4nv")
+    # Byte-wise shared reads: only the tile's validity flags changing layout (a handful); a V
+    # tile read so would be block_n * d / 32 of them per thread.
+    assert len(re.findall(r"ld\.shared(\.v\d)?\.(b8|u8|s8)", compiled.asm["ptx"])) < block_n * d // 32
+    assert compiled.metadata.shared <= 16 * d * 2 + 2 * block_n * d + 1024
+
+
 def test_plan_picks_gluon_only_where_it_applies(monkeypatch):
     """The knob moves fp8 one-warp launches to the Gluon kernel with arguments it takes
     (every constexpr a parameter, every parameter given); bf16 caches, 2-warp launches and
@@ -172,7 +197,7 @@ def test_plan_picks_gluon_only_where_it_applies(monkeypatch):
     meta = dict(plan.split_meta)
     given = names[:13] + [k for k in meta if k not in ("num_warps", "num_stages")]
     assert sorted(given) == sorted(names), set(given) ^ set(names)
-    assert meta["V_EARLY"] is False and _plan(_problem("TP1", 1024), monkeypatch, early=True).split_meta != plan.split_meta
+    assert meta["KC"] == 64
     assert _plan(_problem("TP1", 1024, "bf16"), monkeypatch).split_kernel == "triton"
     assert _plan(_problem("TP1", 1024, config=(32, 2, 65, 4)), monkeypatch).split_kernel == "triton"
     assert _plan(_problem("TP1", 1024), monkeypatch, on=False).split_kernel == "triton"
@@ -203,24 +228,23 @@ def _gpu_case(tp, rows, seed):
     return C.add_edge_rows(rng, case), rng
 
 
-GPU_CASES = [  # (geometry, cache, tiling, V loads early)
-    ("TP1", "e4m3", TABLE_LAUNCH, False), ("TP1", "e4m3", TABLE_LAUNCH, True),
-    ("TP4", "e4m3", TABLE_LAUNCH, False), ("TP4", "e4m3", TABLE_LAUNCH, True),
-    ("TP1", "e4m3_bytes", (32, 1, 65, 4), False), ("TP4", "e4m3_bytes", (32, 1, 65, 1), False),
-    ("TP1", "e4m3", (32, 1, 65, 1), False), ("TP1", "e4m3", (16, 1, 129, 8), False),
-    ("TP4", "e4m3", (64, 1, 33, 1), True)]
+GPU_CASES = [  # (geometry, cache, tiling)
+    ("TP1", "e4m3", TABLE_LAUNCH), ("TP4", "e4m3", TABLE_LAUNCH), ("TP1", "e4m3_bytes", (32, 1, 65, 4)),
+    ("TP4", "e4m3_bytes", (32, 1, 65, 1)), ("TP1", "e4m3", (32, 1, 65, 1)), ("TP1", "e4m3", (16, 1, 129, 8)),
+    ("TP4", "e4m3", (64, 1, 33, 1))]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tp,fmt,tiling,early", GPU_CASES,
-                         ids=[f"{t}-{f}-bn{c[0]}-s{c[3]}-{'early' if e else 'late'}" for t, f, c, e in GPU_CASES])
-def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, early, monkeypatch):
+@pytest.mark.parametrize("tp,fmt,tiling", GPU_CASES, ids=[f"{t}-{f}-bn{c[0]}-s{c[3]}" for t, f, c in GPU_CASES])
+def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, monkeypatch):
     """On the GPU: the Gluon split kernel's output is the Triton kernel's, bit for bit, at
     one-warp launches (32-wide tiles with 1, 2, 4 splits; 16-wide with 8; 64-wide), on
     random finite e4m3 codes with every degenerate row kind, and with poison in every
-    unreferenced cache row (K 448, V NaN) -- exact zeros where rows have no entries, no NaN."""
+    unreferenced cache row (K 448, V NaN) -- exact zeros where rows have no entries, no NaN.
+    The plan must name the Gluon kernel (it falls back to Triton's where it cannot route it)."""
     import jax
 
+    from qsa_jax.ops.sparse_attention import base as sbase
     from qsa_jax.ops.sparse_attention import triton as T
     from qsa_jax.ops.sparse_attention.api import _run as jitted
 
@@ -228,7 +252,7 @@ def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, early, monkeypatch):
         pytest.skip("needs a CUDA GPU")
     if T.why_not():
         pytest.skip(T.why_not())
-    case, rng = _gpu_case(tp, 64, seed=GPU_CASES.index((tp, fmt, tiling, early)) + 100)
+    case, rng = _gpu_case(tp, 64, seed=GPU_CASES.index((tp, fmt, tiling)) + 100)
     cfg = SparseAttentionConfig(*tiling)
     bits = rng.choice(E4M3_CODES, case.kv_cache.shape)
     stray = ~C.referenced_rows(case, cfg)
@@ -236,17 +260,18 @@ def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, early, monkeypatch):
     unref = np.broadcast_to(stray[:, None, :, None], bits.shape)
     bits[..., :d][unref[..., :d]] = 0x7E  # 448: a stray score would take its row
     bits[..., d:][unref[..., d:]] = 0x7F  # NaN: a stray value would show
-    kv = bits if fmt == "e4m3_bytes" else bits.view(C.E4M3)
-    kv = jax.device_put(kv)
+    kv = jax.device_put(bits if fmt == "e4m3_bytes" else bits.view(C.E4M3))
+    args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
     outs = {}
     for on in (False, True):
         monkeypatch.setattr(cfgmod, "triton_fp8_gluon_split", lambda on=on: on)
-        monkeypatch.setattr(cfgmod, "triton_fp8_gluon_values_early", lambda: early)
         jitted.clear_cache()
         T._launch_plan.cache_clear()
-        outs[on] = np.asarray(qsa_jax.sparse_attention(
-            case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
-            config=cfg, implementation="triton", k_scale=K_SCALE, v_scale=V_SCALE))
+        problem = sbase.check_sparse_attention_args(*args, use_prefill_config=False, config=tuple(tiling),
+                                                    scales_given=(True, True))
+        assert T.launch_plan(problem).split_kernel == ("gluon" if on else "triton")
+        outs[on] = np.asarray(qsa_jax.sparse_attention(*args, config=cfg, implementation="triton",
+                                                       k_scale=K_SCALE, v_scale=V_SCALE))
     jitted.clear_cache()
     T._launch_plan.cache_clear()
     assert not np.isnan(outs[False].astype(np.float32)).any()

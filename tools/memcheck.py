@@ -117,24 +117,24 @@ def _extra_part(name, case, impl, args, results, label):
         from qsa_jax.ops.sparse_attention.api import _run as jitted
 
         width = case.logical_indices.shape[1] - 1
-        saved = config.triton_fp8_gluon_split, config.triton_fp8_gluon_values_early
+        saved = config.triton_fp8_gluon_split
         try:
-            for early in (False, True):
-                config.triton_fp8_gluon_split = lambda: True
-                config.triton_fp8_gluon_values_early = lambda early=early: early
-                jitted.clear_cache()
-                stri._launch_plan.cache_clear()
-                for bn, splits in ((32, 2), (16, 1)):
-                    tiling = (bn, 1, -(-width // bn), splits)
-                    for fmt, kv in _fp8_caches(case).items():
-                        fp8_args = (args[0], kv) + args[2:]
-                        out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
-                                                                        config=tiling, implementation=i))
-                                    for i in (impl, "xla"))
-                        _record(results, f"{label} fp8 gluon {fmt} bn{bn} s{splits} early={early}",
-                                _agrees(out, ref))
+            config.triton_fp8_gluon_split = lambda: True
+            jitted.clear_cache()
+            stri._launch_plan.cache_clear()
+            for bn, splits in ((32, 2), (16, 1)):
+                tiling = (bn, 1, -(-width // bn), splits)
+                for fmt, kv in _fp8_caches(case).items():
+                    fp8_args = (args[0], kv) + args[2:]
+                    out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
+                                                                    config=tiling, implementation=i))
+                                for i in (impl, "xla"))
+                    # The part checks the Gluon kernel only if the plan launched it (it falls back
+                    # to the Triton kernel where _gluon_support cannot route it).
+                    _record(results, f"{label} fp8 gluon {fmt} bn{bn} s{splits}",
+                            _agrees(out, ref) and _launched_gluon(case, kv, tiling))
         finally:
-            config.triton_fp8_gluon_split, config.triton_fp8_gluon_values_early = saved
+            config.triton_fp8_gluon_split = saved
             jitted.clear_cache()
             stri._launch_plan.cache_clear()
     elif name == "fused":
@@ -148,6 +148,19 @@ def _extra_part(name, case, impl, args, results, label):
         for fmt, kv in _fp8_caches(case).items():  # uint8 bytes: no cache cotangent (float0)
             _record(results, f"{label} backward {fmt} k0.5 v2",
                     _backward_agrees(case, (args[0], kv) + args[2:], impl, scales=(0.5, 2.0)))
+
+
+def _launched_gluon(case, kv, tiling) -> bool:
+    """Whether the jax-triton launch plan for this call names the Gluon split kernel."""
+    from qsa_jax.ops.sparse_attention import base as sbase
+    from qsa_jax.ops.sparse_attention import triton as stri
+
+    problem = sbase.check_sparse_attention_args(
+        case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        use_prefill_config=False, config=tiling, scales_given=(True, True))
+    named = stri.launch_plan(problem).split_kernel
+    print(f"     split kernel: {named}")
+    return named == "gluon"
 
 
 def _backward_agrees(case, args, impl, scales=(None, None)) -> bool:

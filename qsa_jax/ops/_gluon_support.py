@@ -8,8 +8,12 @@ at the TTGIR level (its layouts are part of the program) and must be compiled by
 wraps that one jax-triton function: a Gluon kernel is compiled by ``triton.compile`` for the
 device's capability, with jax-triton's conventions for the arguments (every array 16-byte
 aligned, an integer argument equal to 1 a constant, as jax-triton does for every kernel), and
-handed back as the ``TritonKernel`` jax-triton would have built; any other kernel goes to
-jax-triton unchanged. Private API: ``tests/test_gluon.py`` fails when a jax-triton upgrade
+handed back as a ``TritonKernel`` built as jax-triton builds one (its PTX, name, warps and
+shared memory; the slot where jax-triton keeps the kernel's TTIR text gets the TTGIR, which
+is what a Gluon kernel has -- launching reads only the PTX); any other kernel goes to
+jax-triton unchanged. ``unavailable_reason`` is what the launch plans consult: where it is not
+None (no Gluon in this Triton, or jax-triton's internals moved) they keep the Triton kernel, on
+the shim's torch route as well, which shares the plans. Private API: ``tests/test_gluon.py`` fails when a jax-triton upgrade
 moves it (the function's name and keyword arguments, and the ``TritonKernel`` constructor).
 The shim's torch route needs none of this: Triton's own launcher runs Gluon kernels.
 """

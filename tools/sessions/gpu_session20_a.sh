@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Ran once (H100, 2026-12-05, bench/results/nvidia-h100_2026-12-05/session20/call_a/). The knob
+# triton_fp8_gluon_values_early was removed after it (no faster, not bit-identical): the A/B's
+# second --knob no longer exists.
 # Session 20, call a (device tool; carry .whl .cache/originals). Issue 13.
 # 1. The Gluon fp8 split kernel (gluon_kernels.py; config.triton_fp8_gluon_split, V loads after
 #    or before q.K^T: triton_fp8_gluon_values_early) against the Triton kernel at the table's

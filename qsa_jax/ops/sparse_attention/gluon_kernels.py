@@ -131,7 +131,6 @@ def sparse_attention_split_kernel_fp8_gluon(
     QK_FP16: gl.constexpr,  # q.K^T in fp16, q rescaled per row (triton_kernels._f16_query)
     F16_TOP_EXPONENT: gl.constexpr, F16_MAX_SHIFT: gl.constexpr,
     KC: gl.constexpr,  # channels of q.K^T per step (q and K read from shared memory KC at a time)
-    V_EARLY: gl.constexpr,  # issue V's loads before q.K^T (more overlap, more registers) or after it
 ):
     gl.static_assert(GROUP <= 16, "one MMA tile of 16 query rows")
     gl.static_assert((D >= 32) and (D <= 256) and (D & (D - 1) == 0), "D: a power of two in [32, 256]")
@@ -204,8 +203,6 @@ def sparse_attention_split_kernel_fp8_gluon(
         buf = it % 2
         v_base = gl.convert_layout(base, gl.SliceLayout(1, v_load))
         v_ok = gl.convert_layout(ok, gl.SliceLayout(1, v_load))
-        if V_EARLY:  # V's bytes [BLOCK_N, D] straight into registers, under the entries' validity
-            v_raw = gl.load(v_bytes + v_base[:, None] + v_cols[None, :], mask=v_ok[:, None], other=0)
         s_ok = gl.convert_layout(ok, col_l)
         # The next tile's K into the other buffer (its last reader finished: barrier at the end).
         nxt = tile + NUM_SPLITS
@@ -227,8 +224,10 @@ def sparse_attention_split_kernel_fp8_gluon(
             kb = keys_t.slice(c, KC, dim=0).load(b_op)  # [KC, BLOCK_N] bytes
             kb = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16).to(query.dtype)
             scores = mma_v2(qa, kb, scores)
-        if not V_EARLY:
-            v_raw = gl.load(v_bytes + v_base[:, None] + v_cols[None, :], mask=v_ok[:, None], other=0)
+        # V's bytes [BLOCK_N, D] straight into registers, under the entries' validity. Issued
+        # here, not before q.K^T: held across it, the 64 registers spill (76 B at the TP1 launch),
+        # and that variant measured no faster on an H100 (notes/triton.md, session 20).
+        v_raw = gl.load(v_bytes + v_base[:, None] + v_cols[None, :], mask=v_ok[:, None], other=0)
         if QK_FP16:  # the scale-back is its own multiply, before the score scale (as Triton's)
             scores = (scores * row_down[:, None]) * scale_log2
         else:

@@ -89,9 +89,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
                   F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
     if config.triton_fp8_gluon_split() and gluon_split_applies(p, cfg.block_n, launch.num_warps):
         split_kernel = "gluon"
-        early = config.triton_fp8_gluon_values_early()
-        split_meta = dict(num_warps=1, num_stages=launch.num_stages, KC=GLUON_KEY_CHANNELS[early], V_EARLY=early,
-                          **common)
+        split_meta = dict(num_warps=1, num_stages=launch.num_stages, KC=min(GLUON_KEY_CHANNELS, d), **common)
     else:
         split_kernel = "triton"
         split_meta = dict(
@@ -113,10 +111,9 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
                       (rows, heads, d // block_d), tuple(merge_meta.items()))
 
 
-# q.K^T channels per step of the Gluon kernel, by whether V's loads come before q.K^T: with
-# them before, 16 at a time holds the fewest registers (sm_90, TP1 table launch: spills 32 B
-# against 76 B at 64); after it, 64 gives the shortest loop (1687 against 1743), no spills.
-GLUON_KEY_CHANNELS = {False: 64, True: 16}
+# q.K^T channels per step of the Gluon kernel (at most D): 64 gives the shortest sm_90 loop at
+# the TP1 table launch (1687 instructions against 1743 at 16), no spills.
+GLUON_KEY_CHANNELS = 64
 
 
 def gluon_split_applies(problem: SparseAttentionProblem, block_n: int, num_warps: int) -> bool:
