@@ -87,7 +87,8 @@ def _impls(op: str, only: str | None) -> list[str]:
 # backward_fp8: the same through vLLM 0.34's arithmetic (an e4m3 cache, k/v scales; session 18),
 # where the kernels decode fp8 tiles after the masked load and take a scale operand.
 # fp8_gluon (session 20): the Gluon fp8 split kernel (config.triton_fp8_gluon_split forced on) at
-# one-warp tilings, V early and late -- its V loads go straight from the cache to registers.
+# one-warp tilings (32-wide with 2 splits, 16-wide with 1) -- its V loads go straight from the
+# cache to registers; each launch also checks that the plan named the Gluon kernel.
 EXTRA_PARTS = ("fp8", "fused", "backward", "backward_fp8", "fp8_gluon")
 # fp8 also through jax-triton (the fp8 default on Hopper where the table names it, sessions 8-10); the
 # fused merge and the backward exist in Pallas only.

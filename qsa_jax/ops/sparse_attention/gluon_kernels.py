@@ -32,9 +32,13 @@ of the next iteration). q is staged once in shared memory and read per KC channe
 
 Every other step is the Triton kernel's, in the same order and with the same constants (the
 masked score -1e20, the normaliser's 1e-20 floor, 0.34.0's one reciprocal per row times the
-output scale, the bf16 round before the gate), so the outputs are meant to be the same bits;
-``tests/test_gpu_gluon.py`` compares them on the GPU. Triton's interpreter does not run Gluon:
-the CPU tests compile it for sm_90 and check what it compiled to.
+output scale, the bf16 round before the gate), so the outputs are the same bits
+(``tests/test_gluon.py``'s GPU cases: identical on an H100, session 20). Triton's interpreter
+does not run Gluon: the CPU tests compile it for sm_90 and check what it compiled to.
+
+Speed (H100, notes/triton.md "Session 20"): no faster than the Triton kernel at TP1, 5-6%
+slower at TP4 -- there the fp8 kernels already run near copy bandwidth; off by default
+(``config.triton_fp8_gluon_split``) until an H200 says otherwise.
 """
 
 from __future__ import annotations
