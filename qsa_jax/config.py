@@ -741,6 +741,18 @@ def triton_fp8_gluon_split() -> bool:
     return False
 
 
+def triton_fp8_gluon_values_shared() -> bool:
+    """Whether the Gluon fp8 split kernel (``triton_fp8_gluon_split``) takes V through shared
+    memory (``cp.async``, one buffer refilled with the next tile's V as soon as this tile has
+    read it, 32-bit reads from a tile swizzled for them: no bank conflicts) instead of straight
+    into registers, where each tile's P.V waits for V's global latency. Same values, same MMA
+    positions; shared memory unchanged (one K and one V buffer instead of two K buffers); sm_90
+    loop 1748 against 1687 at the TP1 table launch, 44 B of spills. Built after the H100 run
+    of session 20 (where the register path was no faster than the Triton kernel and V's
+    exposed latency is one candidate for why); not run on a GPU yet. Off."""
+    return False
+
+
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
 # Up to this many (row, head) pairs the merge splits D, for more programs than SMs.

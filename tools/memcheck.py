@@ -87,8 +87,9 @@ def _impls(op: str, only: str | None) -> list[str]:
 # backward_fp8: the same through vLLM 0.34's arithmetic (an e4m3 cache, k/v scales; session 18),
 # where the kernels decode fp8 tiles after the masked load and take a scale operand.
 # fp8_gluon (session 20): the Gluon fp8 split kernel (config.triton_fp8_gluon_split forced on) at
-# one-warp tilings (32-wide with 2 splits, 16-wide with 1) -- its V loads go straight from the
-# cache to registers; each launch also checks that the plan named the Gluon kernel.
+# one-warp tilings (32-wide with 2 splits, 16-wide with 1), V straight into registers and through
+# shared memory (config.triton_fp8_gluon_values_shared); each launch also checks that the plan
+# named the Gluon kernel.
 EXTRA_PARTS = ("fp8", "fused", "backward", "backward_fp8", "fp8_gluon")
 # fp8 also through jax-triton (the fp8 default on Hopper where the table names it, sessions 8-10); the
 # fused merge and the backward exist in Pallas only.
@@ -118,24 +119,26 @@ def _extra_part(name, case, impl, args, results, label):
         from qsa_jax.ops.sparse_attention.api import _run as jitted
 
         width = case.logical_indices.shape[1] - 1
-        saved = config.triton_fp8_gluon_split
+        saved = config.triton_fp8_gluon_split, config.triton_fp8_gluon_values_shared
         try:
             config.triton_fp8_gluon_split = lambda: True
-            jitted.clear_cache()
-            stri._launch_plan.cache_clear()
-            for bn, splits in ((32, 2), (16, 1)):
-                tiling = (bn, 1, -(-width // bn), splits)
-                for fmt, kv in _fp8_caches(case).items():
-                    fp8_args = (args[0], kv) + args[2:]
-                    out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
-                                                                    config=tiling, implementation=i))
-                                for i in (impl, "xla"))
-                    # The part checks the Gluon kernel only if the plan launched it (it falls back
-                    # to the Triton kernel where _gluon_support cannot route it).
-                    _record(results, f"{label} fp8 gluon {fmt} bn{bn} s{splits}",
-                            _agrees(out, ref) and _launched_gluon(case, kv, tiling))
+            for shared in (False, True):
+                config.triton_fp8_gluon_values_shared = lambda shared=shared: shared
+                jitted.clear_cache()
+                stri._launch_plan.cache_clear()
+                for bn, splits in ((32, 2), (16, 1)):
+                    tiling = (bn, 1, -(-width // bn), splits)
+                    for fmt, kv in _fp8_caches(case).items():
+                        fp8_args = (args[0], kv) + args[2:]
+                        out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
+                                                                        config=tiling, implementation=i))
+                                    for i in (impl, "xla"))
+                        # The part checks the Gluon kernel only if the plan launched it (it falls
+                        # back to the Triton kernel where _gluon_support cannot route it).
+                        _record(results, f"{label} fp8 gluon {fmt} bn{bn} s{splits} v_shared={shared}",
+                                _agrees(out, ref) and _launched_gluon(case, kv, tiling))
         finally:
-            config.triton_fp8_gluon_split = saved
+            config.triton_fp8_gluon_split, config.triton_fp8_gluon_values_shared = saved
             jitted.clear_cache()
             stri._launch_plan.cache_clear()
     elif name == "fused":

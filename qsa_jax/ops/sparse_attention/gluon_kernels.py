@@ -30,6 +30,12 @@ double-buffered one tile ahead: the next tile's K is in flight while this tile c
 (Triton's pipeliner, at 2 stages, issues it after the tile's P.V and waits for it at the top
 of the next iteration). q is staged once in shared memory and read per KC channels.
 
+``V_SHARED`` (``config.triton_fp8_gluon_values_shared``; session 20, after the H100 run): V
+through shared memory too, still without byte reads (32-bit reads in the load order above,
+from a tile swizzled for them), with one K and one V buffer each refilled with the next tile
+as soon as this tile has read it -- V's global latency, which the register path leaves in
+front of every P.V, then overlaps P.V and the next q.K^T; the shared memory stays 24 KB.
+
 Every other step is the Triton kernel's, in the same order and with the same constants (the
 masked score -1e20, the normaliser's 1e-20 floor, 0.34.0's one reciprocal per row times the
 output scale, the bf16 round before the gate), so the outputs are the same bits
@@ -56,6 +62,15 @@ from qsa_jax.ops.sparse_attention.triton_kernels import _f16_query, _pages_of_co
 K_WIDTH = gl.constexpr(4)
 # q rows per program: the MMA's 16 (a group of G <= 16 query heads; rows past G are masked).
 BLOCK_M = gl.constexpr(16)
+# K tiles [BLOCK_N, D] bytes in shared memory, swizzled in 16-byte units by row: the K
+# operand's 32-bit reads (8 tokens x 4 words per warp instruction, rows D bytes apart) land on
+# 32 different banks (gl.bank_conflicts: 0; tests/test_gluon.py).
+K_SHARED = gl.constexpr(gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0]))
+# V tiles (V_SHARED): read 4 bytes per lane in ``_value_layouts``' load order, 8 lanes along a
+# row's 32 bytes and 4 lanes across rows 4 apart; swizzled in 32-byte units by (row / 4) % 4,
+# those 4 rows' 32 bytes fall on 4 different quarters of the banks (0 conflicts; K's swizzle
+# would give 1, none 3).
+V_SHARED_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(vec=32, per_phase=4, max_phase=4, order=[1, 0]))
 
 
 @gluon.constexpr_function
@@ -120,6 +135,48 @@ def _tile_rows(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, tile, req_ok, n_t
     return base, ok
 
 
+@gluon.jit
+def _tile_scores(q_smem, keys_t, row_down, scale_log2, s_ok, q_dtype: gl.constexpr, D: gl.constexpr,
+                 KC: gl.constexpr, BLOCK_N: gl.constexpr, QK_FP16: gl.constexpr, a_op: gl.constexpr,
+                 b_op: gl.constexpr, mma: gl.constexpr):
+    """Masked scores in log2 units ``[BLOCK_M, BLOCK_N]``: q . K^T, KC channels at a time, from
+    q and K (``keys_t``: ``[D, BLOCK_N]`` bytes) in shared memory (K: e4m3 -> fp16, exact, ->
+    bf16 unless QK_FP16)."""
+    scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+    for c in gl.static_range(0, D, KC):
+        qa = q_smem.slice(c, KC, dim=1).load(a_op)  # [BLOCK_M, KC]
+        kb = keys_t.slice(c, KC, dim=0).load(b_op)  # [KC, BLOCK_N] bytes
+        kb = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16).to(q_dtype)
+        scores = mma_v2(qa, kb, scores)
+    if QK_FP16:  # the scale-back is its own multiply, before the score scale (as Triton's)
+        scores = (scores * row_down[:, None]) * scale_log2
+    else:
+        scores = scores * scale_log2
+    # -1e20, finite: a tile with no valid entry gives exp2(max_old - max_new) = 1, not NaN.
+    return gl.where(s_ok[None, :], scores, -1.0e20)
+
+
+@gluon.jit
+def _softmax_step(scores, s_ok, run_max):
+    """(probabilities, the accumulator's rescale, the new running max) of one tile, base 2."""
+    new_max = gl.maximum(run_max, gl.max(scores, axis=1))
+    alpha = gl.exp2(run_max - new_max)
+    probs = gl.where(s_ok[None, :], gl.exp2(scores - new_max[:, None]), 0.0)
+    return probs, alpha, new_max
+
+
+@gluon.jit
+def _values_step(probs, alpha, v_raw, acc, BLOCK_N: gl.constexpr, D: gl.constexpr, v_pair: gl.constexpr,
+                 a_op: gl.constexpr, b_op: gl.constexpr):
+    """acc * alpha + P.V, V's bytes ``v_raw`` ``[BLOCK_N, D]`` in the load layout."""
+    # V: e4m3 -> fp16 in the load's registers, re-ordered in-thread, channels relabelled.
+    values = v_raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    values = gl.convert_layout(values, v_pair)
+    values = gl.convert_layout(_to_operand_order(values, BLOCK_N, D), b_op)  # [BLOCK_N, D]
+    # P.V on fp16 probabilities (the normaliser sums the fp32 ones).
+    return mma_v2(gl.convert_layout(probs.to(gl.float16), a_op), values, acc * alpha[:, None])
+
+
 @gluon.jit(do_not_specialize=["num_rows", "last_request"])
 def sparse_attention_split_kernel_fp8_gluon(
     # inputs (as triton_kernels.sparse_attention_split_kernel's; the cache is e4m3 or its bytes)
@@ -135,6 +192,7 @@ def sparse_attention_split_kernel_fp8_gluon(
     QK_FP16: gl.constexpr,  # q.K^T in fp16, q rescaled per row (triton_kernels._f16_query)
     F16_TOP_EXPONENT: gl.constexpr, F16_MAX_SHIFT: gl.constexpr,
     KC: gl.constexpr,  # channels of q.K^T per step (q and K read from shared memory KC at a time)
+    V_SHARED: gl.constexpr,  # V through shared memory, K and V each re-issued as its buffer frees
 ):
     gl.static_assert(GROUP <= 16, "one MMA tile of 16 query rows")
     gl.static_assert((D >= 32) and (D <= 256) and (D & (D - 1) == 0), "D: a power of two in [32, 256]")
@@ -151,9 +209,8 @@ def sparse_attention_split_kernel_fp8_gluon(
                                             warps_per_cta=[1, 1], order=[1, 0])
     q_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // D, D // 8],
                                          warps_per_cta=[1, 1], order=[1, 0])
-    # Swizzled in 16-byte units by row: the K operand's 32-bit reads (8 tokens x 4 words per
-    # warp instruction, rows D bytes apart) land on 32 different banks.
-    k_sh: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    k_sh: gl.constexpr = K_SHARED
+    v_sh: gl.constexpr = V_SHARED_LAYOUT
     q_sh: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     tok_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[1],
                                            order=[0])
@@ -179,9 +236,9 @@ def sparse_attention_split_kernel_fp8_gluon(
     if QK_FP16:  # the Triton kernel's _f16_query: one power-of-two shift per row
         query, down = _f16_query(query, F16_TOP_EXPONENT, F16_MAX_SHIFT)
         row_down = gl.convert_layout(down, row_l)
+    else:
+        row_down = 1.0  # unused
     q_smem = gl.allocate_shared_memory(query.dtype, [BLOCK_M, D], q_sh, query)
-    k_smem = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, D], k_sh)  # [buffer, token, channel]
-
     scale_log2 = gl.load(scale_ptr)
     output_scale = gl.load(scale_ptr + 1)
     run_max = gl.full([BLOCK_M], -1.0e20, gl.float32, layout=row_l)
@@ -193,64 +250,89 @@ def sparse_attention_split_kernel_fp8_gluon(
     k_cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_copy))
     v_cols = gl.arange(0, D, layout=gl.SliceLayout(0, v_load))
 
-    # The first tile's K in flight; an invalid entry's row is zero-filled, never read.
+    # The first tile's rows; an invalid entry's row is zero-filled by its copy, never read.
     base, ok = _tile_rows(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, split, req_ok, n_tiles, num_pages,
                           head_base, W, PAGE, BTW, BLOCK_N, STRIDE_PAGE, STRIDE_TOKEN, tok_l)
-    k_base = gl.convert_layout(base, gl.SliceLayout(1, k_copy))
-    k_ok = gl.convert_layout(ok, gl.SliceLayout(1, k_copy))
-    async_copy.async_copy_global_to_shared(k_smem.index(0), k_bytes + k_base[:, None] + k_cols[None, :],
-                                           mask=k_ok[:, None])
-    async_copy.commit_group()
-
     tile = split
-    for it in range(0, my_tiles):
-        buf = it % 2
-        v_base = gl.convert_layout(base, gl.SliceLayout(1, v_load))
-        v_ok = gl.convert_layout(ok, gl.SliceLayout(1, v_load))
-        s_ok = gl.convert_layout(ok, col_l)
-        # The next tile's K into the other buffer (its last reader finished: barrier at the end).
-        nxt = tile + NUM_SPLITS
-        base, ok = _tile_rows(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, nxt, req_ok, n_tiles, num_pages,
-                              head_base, W, PAGE, BTW, BLOCK_N, STRIDE_PAGE, STRIDE_TOKEN, tok_l)
+    if V_SHARED:
+        # One K and one V buffer (24 KB with q, as Triton's kernel), each refilled with the next
+        # tile as soon as this tile has read it: K's copy overlaps the softmax and P.V, V's
+        # copy P.V and the next q.K^T. Commit order K0, V0, K1, V1, ...: wait_group(1) leaves
+        # only the most recent copy in flight.
+        k_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, D], k_sh)
+        v_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, D], v_sh)
+        copy_base = gl.convert_layout(base, gl.SliceLayout(1, k_copy))
+        copy_ok = gl.convert_layout(ok, gl.SliceLayout(1, k_copy))
+        async_copy.async_copy_global_to_shared(k_smem, k_bytes + copy_base[:, None] + k_cols[None, :],
+                                               mask=copy_ok[:, None])
+        async_copy.commit_group()
+        async_copy.async_copy_global_to_shared(v_smem, v_bytes + copy_base[:, None] + k_cols[None, :],
+                                               mask=copy_ok[:, None])
+        async_copy.commit_group()
+        for _ in range(0, my_tiles):
+            s_ok = gl.convert_layout(ok, col_l)
+            nxt = tile + NUM_SPLITS
+            # (one token per lane until the copies need them: 64-bit offsets in the copies' layout,
+            # 16 per thread, held across q.K^T spill)
+            base, ok = _tile_rows(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, nxt, req_ok, n_tiles,
+                                  num_pages, head_base, W, PAGE, BTW, BLOCK_N, STRIDE_PAGE, STRIDE_TOKEN, tok_l)
+            async_copy.wait_group(1)  # this tile's K has landed (its V may still be in flight)
+            gl.thread_barrier()
+            scores = _tile_scores(q_smem, k_smem.permute([1, 0]), row_down, scale_log2, s_ok, query.dtype, D, KC,
+                                  BLOCK_N, QK_FP16, a_op, b_op, mma)
+            gl.thread_barrier()  # every lane done reading K: refill it with the next tile's
+            copy_base = gl.convert_layout(base, gl.SliceLayout(1, k_copy))
+            copy_ok = gl.convert_layout(ok, gl.SliceLayout(1, k_copy))
+            async_copy.async_copy_global_to_shared(k_smem, k_bytes + copy_base[:, None] + k_cols[None, :],
+                                                   mask=copy_ok[:, None])
+            async_copy.commit_group()
+            probs, alpha, run_max = _softmax_step(scores, s_ok, run_max)
+            norm = norm * alpha + gl.sum(probs, axis=1)
+            async_copy.wait_group(1)  # this tile's V has landed
+            gl.thread_barrier()
+            v_raw = v_smem.load(v_load)  # [BLOCK_N, D] bytes, 4 channels per 32-bit read
+            gl.thread_barrier()  # every lane done reading V: refill it with the next tile's
+            async_copy.async_copy_global_to_shared(v_smem, v_bytes + copy_base[:, None] + k_cols[None, :],
+                                                   mask=copy_ok[:, None])
+            async_copy.commit_group()
+            acc = _values_step(probs, alpha, v_raw, acc, BLOCK_N, D, v_pair, a_op, b_op)
+            tile = nxt
+    else:
+        # Two K buffers (the next tile's K in flight while this one computes); V from the cache
+        # straight into registers.
+        k_smem = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, D], k_sh)  # [buffer, token, channel]
         k_base = gl.convert_layout(base, gl.SliceLayout(1, k_copy))
         k_ok = gl.convert_layout(ok, gl.SliceLayout(1, k_copy))
-        async_copy.async_copy_global_to_shared(k_smem.index(1 - buf), k_bytes + k_base[:, None] + k_cols[None, :],
+        async_copy.async_copy_global_to_shared(k_smem.index(0), k_bytes + k_base[:, None] + k_cols[None, :],
                                                mask=k_ok[:, None])
         async_copy.commit_group()
-        async_copy.wait_group(1)  # this tile's K has landed
-        gl.thread_barrier()  # ... for every lane
-
-        # scores = q . K^T, KC channels at a time (K: e4m3 -> fp16, exact, -> bf16 unless QK_FP16)
-        scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
-        keys_t = k_smem.index(buf).permute([1, 0])  # [D, BLOCK_N]
-        for c in gl.static_range(0, D, KC):
-            qa = q_smem.slice(c, KC, dim=1).load(a_op)  # [BLOCK_M, KC]
-            kb = keys_t.slice(c, KC, dim=0).load(b_op)  # [KC, BLOCK_N] bytes
-            kb = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16).to(query.dtype)
-            scores = mma_v2(qa, kb, scores)
-        # V's bytes [BLOCK_N, D] straight into registers, under the entries' validity. Issued
-        # here, not before q.K^T: held across it, the 64 registers spill (76 B at the TP1 launch),
-        # and that variant measured no faster on an H100 (notes/triton.md, session 20).
-        v_raw = gl.load(v_bytes + v_base[:, None] + v_cols[None, :], mask=v_ok[:, None], other=0)
-        if QK_FP16:  # the scale-back is its own multiply, before the score scale (as Triton's)
-            scores = (scores * row_down[:, None]) * scale_log2
-        else:
-            scores = scores * scale_log2
-        # -1e20, finite: a tile with no valid entry gives exp2(max_old - max_new) = 1, not NaN.
-        scores = gl.where(s_ok[None, :], scores, -1.0e20)
-        new_max = gl.maximum(run_max, gl.max(scores, axis=1))
-        alpha = gl.exp2(run_max - new_max)
-        probs = gl.where(s_ok[None, :], gl.exp2(scores - new_max[:, None]), 0.0)
-        # V: e4m3 -> fp16 in the load's registers, re-ordered in-thread, channels relabelled.
-        values = v_raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-        values = gl.convert_layout(values, v_pair)
-        values = gl.convert_layout(_to_operand_order(values, BLOCK_N, D), b_op)  # [BLOCK_N, D]
-        # P.V on fp16 probabilities; the normaliser sums the fp32 ones.
-        acc = mma_v2(gl.convert_layout(probs.to(gl.float16), a_op), values, acc * alpha[:, None])
-        norm = norm * alpha + gl.sum(probs, axis=1)
-        run_max = new_max
-        tile = nxt
-        gl.thread_barrier()  # every lane done reading K[buf] before the next iteration refills it
+        for it in range(0, my_tiles):
+            buf = it % 2
+            v_base = gl.convert_layout(base, gl.SliceLayout(1, v_load))
+            v_ok = gl.convert_layout(ok, gl.SliceLayout(1, v_load))
+            s_ok = gl.convert_layout(ok, col_l)
+            # The next tile's K into the other buffer (its last reader finished: barrier at the end).
+            nxt = tile + NUM_SPLITS
+            base, ok = _tile_rows(idx_ptr, bt_ptr, idx_row_offset, bt_row_offset, nxt, req_ok, n_tiles,
+                                  num_pages, head_base, W, PAGE, BTW, BLOCK_N, STRIDE_PAGE, STRIDE_TOKEN, tok_l)
+            k_base = gl.convert_layout(base, gl.SliceLayout(1, k_copy))
+            k_ok = gl.convert_layout(ok, gl.SliceLayout(1, k_copy))
+            async_copy.async_copy_global_to_shared(k_smem.index(1 - buf), k_bytes + k_base[:, None] + k_cols[None, :],
+                                                   mask=k_ok[:, None])
+            async_copy.commit_group()
+            async_copy.wait_group(1)  # this tile's K has landed
+            gl.thread_barrier()  # ... for every lane
+            scores = _tile_scores(q_smem, k_smem.index(buf).permute([1, 0]), row_down, scale_log2, s_ok,
+                                  query.dtype, D, KC, BLOCK_N, QK_FP16, a_op, b_op, mma)
+            # V's bytes [BLOCK_N, D] straight into registers, under the entries' validity. Issued
+            # here, not before q.K^T: held across it, the 64 registers spill (76 B at the TP1
+            # launch), and that variant measured no faster on an H100 (notes/triton.md, session 20).
+            v_raw = gl.load(v_bytes + v_base[:, None] + v_cols[None, :], mask=v_ok[:, None], other=0)
+            probs, alpha, run_max = _softmax_step(scores, s_ok, run_max)
+            acc = _values_step(probs, alpha, v_raw, acc, BLOCK_N, D, v_pair, a_op, b_op)
+            norm = norm * alpha + gl.sum(probs, axis=1)
+            tile = nxt
+            gl.thread_barrier()  # every lane done reading K[buf] before the next iteration refills it
     async_copy.wait_group(0)  # the prefetch past the last tile (masked: nothing copied)
 
     has_values = norm > 0

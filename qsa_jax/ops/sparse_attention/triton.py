@@ -89,7 +89,8 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
                   F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
     if config.triton_fp8_gluon_split() and gluon_split_applies(p, cfg.block_n, launch.num_warps):
         split_kernel = "gluon"
-        split_meta = dict(num_warps=1, num_stages=launch.num_stages, KC=min(GLUON_KEY_CHANNELS, d), **common)
+        split_meta = dict(num_warps=1, num_stages=launch.num_stages, KC=min(GLUON_KEY_CHANNELS, d),
+                          V_SHARED=config.triton_fp8_gluon_values_shared(), **common)
     else:
         split_kernel = "triton"
         split_meta = dict(
