@@ -255,9 +255,9 @@ def sparse_attention_split_kernel_fp8_gluon(
                           head_base, W, PAGE, BTW, BLOCK_N, STRIDE_PAGE, STRIDE_TOKEN, tok_l)
     tile = split
     if V_SHARED:
-        # One K and one V buffer (24 KB with q, as Triton's kernel), each refilled with the next
-        # tile as soon as this tile has read it: K's copy overlaps the softmax and P.V, V's
-        # copy P.V and the next q.K^T. Commit order K0, V0, K1, V1, ...: wait_group(1) leaves
+        # One K and one V buffer (the shared memory of the two K buffers below), each refilled
+        # with the next tile as soon as this tile has read it: K's copy overlaps the softmax and
+        # P.V, V's copy P.V and the next q.K^T. Commit order K0, V0, K1, V1, ...: wait_group(1) leaves
         # only the most recent copy in flight.
         k_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, D], k_sh)
         v_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, D], v_sh)
@@ -333,7 +333,7 @@ def sparse_attention_split_kernel_fp8_gluon(
             norm = norm * alpha + gl.sum(probs, axis=1)
             tile = nxt
             gl.thread_barrier()  # every lane done reading K[buf] before the next iteration refills it
-    async_copy.wait_group(0)  # the prefetch past the last tile (masked: nothing copied)
+    async_copy.wait_group(0)  # the copies past the last tile (masked: zero-filled, never read)
 
     has_values = norm > 0
     # 0.34.0: one reciprocal per row, times the output scale.
