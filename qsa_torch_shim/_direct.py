@@ -71,16 +71,6 @@ def _kernels():
     return triton_kernels
 
 
-def _split_kernel(plan):
-    """The split kernel ``plan`` names (the Gluon one for fp8 at one warp where config says so;
-    Triton's own launcher runs it as it runs the others)."""
-    if plan.split_kernel == "gluon":
-        from qsa_jax.ops.sparse_attention import gluon_kernels
-
-        return gluon_kernels.sparse_attention_split_kernel_fp8_gluon
-    return _kernels().sparse_attention_split_kernel
-
-
 def default_reason(device: torch.device) -> str | None:
     """None when a call that names no implementation should launch here (``_eager.default_route``):
     ``why_not``, and an NVIDIA GPU of compute capability >= 8.0 (bf16 tensor-core dots; the
@@ -251,9 +241,11 @@ def _launches(problem, plan):
     the compiled kernel looked up once, not per call); None for an empty batch."""
     if plan is None:
         return None
+    from qsa_jax.ops.sparse_attention.triton import split_kernel
+
     k = _kernels()
     t = None  # a tensor slot
-    split = P.TritonLaunch(_split_kernel(plan),
+    split = P.TritonLaunch(split_kernel(plan),
                            (t,) * 8 + plan.split_scalars + (t, t),
                            dict(plan.split_meta))
     merge = None if plan.merge_grid is None else P.TritonLaunch(

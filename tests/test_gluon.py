@@ -282,10 +282,11 @@ def test_shim_launches_the_plans_kernel(monkeypatch):
     from qsa_jax.ops.sparse_attention import gluon_kernels, triton_kernels
     from qsa_torch_shim import _direct
 
-    plan = _plan(_problem("TP1", 1024), monkeypatch)
-    assert _direct._split_kernel(plan) is gluon_kernels.sparse_attention_split_kernel_fp8_gluon
-    plan = _plan(_problem("TP1", 1024), monkeypatch, on=False)
-    assert _direct._split_kernel(plan) is triton_kernels.sparse_attention_split_kernel
+    problem = _problem("TP1", 1024)
+    plan = _plan(problem, monkeypatch)
+    assert _direct._launches(problem, plan)[0].kernel is gluon_kernels.sparse_attention_split_kernel_fp8_gluon
+    plan = _plan(problem, monkeypatch, on=False)
+    assert _direct._launches(problem, plan)[0].kernel is triton_kernels.sparse_attention_split_kernel
 
 
 # ------------------------------------------------------------------------ GPU

@@ -131,14 +131,15 @@ def gluon_split_applies(problem: SparseAttentionProblem, block_n: int, num_warps
 
 
 def split_kernel(plan: LaunchPlan):
-    """The split kernel ``plan`` launches (the Gluon module is imported only when one does)."""
+    """The split kernel ``plan`` names, for either launcher: ``run`` (jax-triton) and the shim's
+    torch route (Triton's own). The Gluon module is imported only when a plan names it."""
     if plan.split_kernel == "gluon":
-        from qsa_jax.ops import _gluon_support
         from qsa_jax.ops.sparse_attention import gluon_kernels
 
-        _gluon_support.install()
         return gluon_kernels.sparse_attention_split_kernel_fp8_gluon
-    return _k.sparse_attention_split_kernel
+    from qsa_jax.ops.sparse_attention import triton_kernels
+
+    return triton_kernels.sparse_attention_split_kernel
 
 
 def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_table,
@@ -152,6 +153,10 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     k_arr, v_arr = (kv_arrays[0], kv_arrays[0]) if p.kv.fused else kv_arrays
     gate = output_gate.reshape(rows, heads, d)
     split_meta = dict(plan.split_meta)
+    if plan.split_kernel == "gluon":
+        from qsa_jax.ops import _gluon_support
+
+        _gluon_support.install()  # jax-triton builds Gluon kernels only through this
     partial, lse = _jt.triton_call(
         # Without scales the kernel never reads scale_ptr: any array fills the slot.
         q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
