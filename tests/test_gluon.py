@@ -155,6 +155,12 @@ def test_gluon_kernel_compiles_for_sm90(tp, fmt, monkeypatch, tmp_path):
     assert len(re.findall(r"ld\.global\.b32", ptx)) >= bn * d // 4 // 32  # V: one 4-byte load per 4 channels
     g = _sass_numbers(gk, tmp_path, "gluon")
     t = _sass_numbers(tk, tmp_path, "triton")
+    # tools/sm90_split_kernel_ab.gluon (the notes' numbers) builds the same program.
+    import sm90_split_kernel_ab as A
+    from qsa_jax import arg_specs
+
+    tool = A.gluon(arg_specs.GEOMETRIES[tp], rows, bn, meta["NUM_SPLITS"], requests=2, page=meta["PAGE"])
+    assert _sass_numbers(tool, tmp_path, "tool")["loop_length"] == g["loop_length"]
     assert int(g["spill_stores"]) == 0, g
     assert g["loop_length"] <= 0.8 * t["loop_length"], (g["loop_length"], t["loop_length"])
 

@@ -102,6 +102,36 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
+def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=None, kc=64, page=PAGE):
+    """The Gluon fp8 split kernel (``gluon_kernels``, session 20) compiled for sm_90 at one launch
+    (one warp; e4m3 cache with the k/v scales), specialised as jax-triton's route specialises it
+    (``_gluon_support.compile_for_jax_triton``); ``qk_fp16`` defaults to
+    ``config.triton_fp8_keys_f16_dot()``, ``v_shared`` is its V_SHARED; ``page``: the page size
+    (default this tool's probe value, as ``ours``). The notes' Gluon numbers (notes/triton.md
+    "Session 20") come from this with ``compiled_numbers`` at 2048 rows."""
+    from qsa_jax import config
+    from qsa_jax.ops import _gluon_support
+    from qsa_jax.ops.sparse_attention import gluon_kernels
+    from qsa_jax.ops.sparse_attention.base import F16_QUERY_MAX_SHIFT, F16_QUERY_TOP_EXPONENT
+
+    fn = gluon_kernels.sparse_attention_split_kernel_fp8_gluon
+    d, group, heads, hk = geo.head_dim, geo.num_query_heads // geo.num_kv_heads, geo.num_query_heads, geo.num_kv_heads
+    out = "*bf16" if splits == 1 else "*fp32"
+    dtypes = ["*bf16", "*fp8e4nv", "*fp8e4nv", "*i32", "*i32", "*i32", "*bf16", "*fp32", "i32", "i32", "i32",
+              out, "*fp32"]
+    requests = REQUESTS if requests is None else requests
+    scalars = [(8, "i32", rows), (9, "i32", requests - 1), (10, "i32", NUM_PAGES)]
+    meta = dict(W=W, PAGE=page, BTW=BTW, GROUP=group, HEADS=heads, D=d, Q_ROW_STRIDE=heads, Q_HEAD_STRIDE=1,
+                Q_OFFSET=0, STRIDE_PAGE=hk * page * 2 * d, STRIDE_TOKEN=2 * d, STRIDE_HEAD=page * 2 * d, V_OFFSET=d,
+                BLOCK_N=block_n, NUM_TILES=-(-W // block_n), NUM_SPLITS=splits,
+                QK_FP16=config.triton_fp8_keys_f16_dot(group) if qk_fp16 is None else qk_fp16,
+                F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, KC=min(kc, d),
+                V_SHARED=v_shared)
+    compiled, _ = _gluon_support.compile_for_jax_triton(fn, dtypes, scalars, num_warps=1, num_ctas=1,
+                                                        compute_capability=90, enable_fp_fusion=True, metaparams=meta)
+    return compiled
+
+
 def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule):
     import triton
     from triton.backends.compiler import GPUTarget
