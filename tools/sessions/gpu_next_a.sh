@@ -8,6 +8,7 @@
 #     default. Prediction: TP4 fp8 rows of `auto` 6-11% faster than the committed session-13
 #     grid's, TP1 unchanged (the knob stays off there); bf16 rows unchanged.
 # Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_next_a.sh
+# Ran in session 21 on an H100 (bench/results/nvidia-h100_2026-12-05/session21/next_a/).
 source tools/gpu_env.sh
 set -o pipefail
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')

@@ -8,6 +8,7 @@
 # Session 20 ran it on an H100 (bench/results/nvidia-h100_2026-12-05/session20/call_e/): 23 passed,
 # the 250 s limit cut the last case (scaled fp8, 2048 rows); memcheck 0 errors. The limit is now 330 s.
 # Usage (device tool; carry .whl .cache/originals): bash tools/sessions/gpu_next_b.sh
+# Ran in session 21 on an H100 (bench/results/nvidia-h100_2026-12-05/session21/next_b/).
 source tools/gpu_env.sh
 set -o pipefail
 timeout -s INT 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s tests/test_gpu_backward.py \

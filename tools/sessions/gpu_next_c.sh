@@ -12,6 +12,7 @@
 # 2. tests/test_gluon.py's GPU cases (11; the TP4 64-wide case and the 4 V_SHARED cases never ran).
 # (About 560 s; gpu_next_d.sh is the second call: memcheck of the Gluon kernel's V-through-shared
 # path and the Triton kernel at 3 stages.)
+# Ran in session 21 on an H100 (bench/results/nvidia-h100_2026-12-05/session21/next_c/).
 source tools/gpu_env.sh
 set -o pipefail
 timeout -s INT 240 python3 tools/fp8_kernel_ab.py --impl triton --programs 1024,4096,8192 --geometries TP1,TP4 \

@@ -7,6 +7,7 @@
 # 2. The Triton kernel at 3 stages (K and V double-buffered, 41 KB of shared memory, 5 programs
 #    per SM instead of 8) at 4096 programs: whether overlap beats occupancy for it (never run;
 #    session 19's staged V, the same 41 KB without overlap, lost 1.28-1.40x on an H100).
+# Ran in session 21 on an H100 (bench/results/nvidia-h100_2026-12-05/session21/next_d/).
 source tools/gpu_env.sh
 set -o pipefail
 PARTS=fp8_gluon IMPLS=triton PART_TIMEOUT=150 bash tools/gpu_memcheck_parts.sh
