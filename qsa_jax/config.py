@@ -193,11 +193,20 @@ H200_FP8 = _table("h200-fp8-measured",
                    # (1 warp spills in Pallas, session 8), which Pallas keeps.
                    (64, (32, 8, 1, 2, "triton", 2)), (128, (32, 4, 1, 2, "triton", 2)),
                    (256, (32, 4, 1, 2, "triton")),
-                   (512, (32, 4, 1, 2, "triton")), (2048, (32, 2, 1, 2, "triton"))],
-                  # use_prefill_config was not swept; as in H200_BF16 it takes the 4096 winner:
-                  # TP1 2048 rows 1.40x of 0.34.0's prefill (0.34.0's entry launched at 2 warps
-                  # measured 2.07-2.15x; session6/fp8_prefill/); jax-triton 1.05x (session 9).
-                  large_decode=(32, 2, 1, 2, "triton"))
+                   (512, (32, 4, 1, 2, "triton")),
+                   # 513-2048 programs and the large-batch entry (use_prefill_config takes it too)
+                   # were 2 splits until session 21: the Pallas sweep's winner, kept when jax-triton
+                   # took the entries, and 1.05x of 0.34.0's prefill tiling there (session 9).
+                   # Re-measured on an H100 (the same sm_90 table; bench/results/
+                   # nvidia-h100_2026-12-05/session21/): one split -- 0.34.0's prefill tiling, no
+                   # merge kernel -- is 2-7% faster than 2 splits at 768-8192 programs and 0.99x of
+                   # 0.34.0's own prefill launch; at 520 programs 2 splits win by 12-17%. Why the
+                   # boundary sits near 528 (not measured between 520 and 768): one warp and 24 KB
+                   # of shared memory leave 8 programs per SM, 1056 on 132 SMs, so up to 528
+                   # programs 2 splits still run in one wave and one split would leave half the
+                   # slots empty; above it, 2 splits need a second, partial wave and a merge.
+                   (528, (32, 2, 1, 2, "triton")), (2048, (32, 1, 1, 2, "triton"))],
+                  large_decode=(32, 1, 1, 2, "triton"))
 
 # This project's own tables, measured on a card of the given capability, same form as
 # VLLM_034_TABLES. ``table=None`` (the default) consults them first.
@@ -730,12 +739,13 @@ def triton_fp8_gluon_split() -> bool:
 
     What it changes: V goes from the cache straight into the P.V operand's registers (no shared
     memory, no byte-wise reads) and the next tile's K is in flight while a tile computes; the
-    sm_90 tile loop is 1687 instructions against Triton's 2184 at the TP1 table launch (1336
+    sm_90 tile loop is 1687 instructions against Triton's 2184 at the TP1 2-split launch (1336
     against 1814 with the fp16 q.K^T), same shared memory, no spills. Bit-identical to the
     Triton kernel (H100, 2026-12-05: 6 GPU test launches with edge rows and poison, and the
-    A/B's 8 cases). Not faster on the H100 (busy time at the table's launch, 1024-8192 programs:
-    TP1 +0.0 to +1.4%, TP4 +5.1 to +5.9% (split kernel alone); notes/triton.md "Session 20"), where the Triton
-    kernel's fp8 path already runs at 87-96% of copy bandwidth; untimed on an H200. Hence off.
+    A/B's 8 cases; session 21: 6 more and the GPU tests' 11). Not faster on the H100 (split
+    kernel alone at the then table's 2-split launch, 1024-8192 programs: TP1 +0.0 to +1.8%, TP4
+    +5.1 to +8.2%; notes/triton.md "Session 20" and "Session 21"), where the Triton kernel's fp8
+    path already runs at 87-97% of copy bandwidth; untimed on an H200. Hence off.
     A function so that tests and the benchmark can switch it (read into the launch plan: see
     ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
     return False
@@ -747,9 +757,12 @@ def triton_fp8_gluon_values_shared() -> bool:
     read it, 32-bit reads from a tile swizzled for them: no bank conflicts) instead of straight
     into registers, where each tile's P.V waits for V's global latency. Same values, same MMA
     positions; shared memory unchanged (one K and one V buffer instead of two K buffers); sm_90
-    loop 1748 against 1687 at the TP1 table launch, 44 B of spills. Built after the H100 run
-    of session 20 (where the register path was no faster than the Triton kernel and V's
-    exposed latency is one candidate for why); not run on a GPU yet. Off."""
+    loop 1748 against 1687 at the TP1 2-split launch, 44 B of spills. Built after the H100 run
+    of session 20, where the register path was no faster than the Triton kernel and V's
+    exposed latency was one candidate for why. H100, session 21: bit-identical (4 GPU test
+    launches, 14 A/B cases), memcheck 0 errors, 2-6% faster than the register path; against
+    the Triton kernel TP1 -0.9 to -1.9% and TP4 +2.0 to +3.5% at 2 splits, -0.5 to +1.6% at
+    the one-split launch the table takes from 529 programs. Off."""
     return False
 
 

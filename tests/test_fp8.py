@@ -270,7 +270,8 @@ def test_measured_hopper_table():
     assert cfgmod.table_tiling(64, False, capability=(9, 0)).stages == 3
     assert sel(4096, 2, True, 2051, False, (9, 0)) == (64, 2, 33, 1)  # prefill: the 4096 winner
     assert sel(16, 2, False, 2051, True, (9, 0)) == (32, 2, 65, 16)  # fp8, 32 programs: measured
-    assert sel(512, 2, False, 2051, True, (9, 0)) == (32, 1, 65, 2)  # fp8, 1024 programs: measured
+    assert sel(512, 2, False, 2051, True, (9, 0)) == (32, 1, 65, 1)  # fp8, 1024 programs: measured
+    assert sel(264, 2, False, 2051, True, (9, 0)) == (32, 1, 65, 2)  # fp8, 528 programs: 2 splits
     assert sel(512, 2, False, 2051, True, (9, 0), table="vllm-0.34") == (32, 1, 65, 4)
     assert cfgmod.table_tiling(1024, False, is_fp8=True, capability=(9, 0)).stages == 2
     assert cfgmod.table_tiling(64, False, capability=(9, 0), table="vllm-0.34").stages is None
@@ -289,6 +290,39 @@ _RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "nvidia-h
 H200_TRITON_AB = {True: [(_RESULTS / "session10" / "fp8_small_programs", None, None),
                          (_RESULTS / "session11" / "call_a" / "fp8_original_tiling", {"original-np"}, {64, 128, 512})],
                   False: []}
+
+
+# Session 21 (an H100: the sm_90 table serves it too): single-file A/Bs of jax-triton tilings,
+# busy time per call, each run's ratio to 0.34.0 at its prefill tiling in the same pass. The
+# "table(triton)" run launched the table as it stood then, which the file does not record
+# (tools/fp8_kernel_ab.py records it since): commit 58f097a's 2 splits for one_split/, the
+# working tree of call b (one split from 513 programs) for table_change/low_band/.
+_SESSION21 = Path(__file__).resolve().parents[1] / "bench" / "results" / "nvidia-h100_2026-12-05" / "session21"
+SM90_FP8_ONE_FILE_AB = [(_SESSION21 / "one_split" / "ab.json", cfgmod.Tiling(32, 2, 1, 2, "triton")),
+                        (_SESSION21 / "table_change" / "low_band" / "ab.json", cfgmod.Tiling(32, 1, 1, 2, "triton"))]
+# The entry every program count of those files had before session 21 (513 programs up).
+_FP8_ENTRY_BEFORE_SESSION21 = cfgmod.Tiling(32, 2, 1, 2, "triton")
+
+
+def _one_file_ab(path, table_then):
+    """[(programs, prefill, geometry, {tiling: x 0.34.0})] of one tools/fp8_kernel_ab.py file,
+    the runs without knobs; the "table(triton)" run counts as the entry it recorded, else as
+    ``table_then``."""
+    out = []
+    for rec in json.loads(path.read_text()):
+        times = {}
+        for run in rec["runs"]:
+            if run["knob"] != "off":
+                continue
+            v = run["variant"]
+            recorded = run.get("table_tiling")  # recorded by the tool since session 21
+            table_run = cfgmod.Tiling(*recorded) if recorded else table_then
+            tiling = table_run if isinstance(v, str) else cfgmod.Tiling(
+                v["block_n"], v["splits"], v["warps"], v["stages"], "triton")
+            assert tiling not in times, (path, rec["programs"], tiling)
+            times[tiling] = run["timing"]["busy_us"] / rec["original"]["busy_us"]
+        out.append((rec["programs"], rec["prefill"], rec["geometry"], times))
+    return out
 
 
 def _ab_evidence(folder, specs, programs):
@@ -334,6 +368,15 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
                 assert times[got] <= 1.05 * min(times.values()) and times[got] < before, \
                     (programs, geometry, times, before)
             reached.add(band(programs))
+    if is_fp8:
+        for path, table_then in SM90_FP8_ONE_FILE_AB:
+            for programs, prefill, geometry, times in _one_file_ab(path, table_then):
+                got = cfgmod.table_tiling(programs, prefill, is_fp8=True, capability=(9, 0))._replace(
+                    pallas_warps=None)
+                assert got in times, (path.parent.name, programs, geometry, got, sorted(times))
+                assert times[got] <= 1.05 * min(times.values()), (path.parent.name, programs, geometry, times)
+                assert times[got] <= times.get(_FP8_ENTRY_BEFORE_SESSION21, np.inf), (programs, geometry, times)
+                reached.add(band(programs))
     ab_bands = set(reached)
     for name in sweeps:
         for bucket in json.loads((H200_SWEEPS / name / "sweep.json").read_text())["buckets"]:

@@ -113,7 +113,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
 
 
 # q.K^T channels per step of the Gluon kernel (at most D): 64 gives the shortest sm_90 loop at
-# the TP1 table launch (1687 instructions against 1743 at 16), no spills.
+# the TP1 2-split table launch (1687 instructions against 1743 at 16), no spills.
 GLUON_KEY_CHANNELS = 64
 
 
