@@ -199,12 +199,16 @@ H200_FP8 = _table("h200-fp8-measured",
                    # took the entries, and 1.05x of 0.34.0's prefill tiling there (session 9).
                    # Re-measured on an H100 (the same sm_90 table; bench/results/
                    # nvidia-h100_2026-12-05/session21/): one split -- 0.34.0's prefill tiling, no
-                   # merge kernel -- is 2-7% faster than 2 splits at 768-8192 programs and 0.99x of
-                   # 0.34.0's own prefill launch; at 520 programs 2 splits win by 12-17%. Why the
-                   # boundary sits near 528 (not measured between 520 and 768): one warp and 24 KB
-                   # of shared memory leave 8 programs per SM, 1056 on 132 SMs, so up to 528
-                   # programs 2 splits still run in one wave and one split would leave half the
-                   # slots empty; above it, 2 splits need a second, partial wave and a merge.
+                   # merge kernel -- is 2-9% faster than 2 splits at 768-8192 programs and 0.99x of
+                   # 0.34.0's own prefill launch; at 520 programs one split is 17-21% slower. Why the
+                   # boundary sits near 528 (not measured between 520 and 768): the one-warp
+                   # kernel's registers leave 8 programs per SM, 1056 on the 132 SMs of an H100
+                   # SXM or H200, so up to 528 programs 2 splits still run in one wave and one
+                   # split would leave half the slots empty; above it, 2 splits need a second,
+                   # partial wave and a merge. Sm_90 cards with fewer SMs (H100 PCIe 114, H20 78)
+                   # would want the boundary lower; unmeasured. These entries have no
+                   # pallas_warps: where jax-triton is missing, Pallas runs them at one warp and
+                   # one split, a launch its sweep did not try (its winner here had 2 splits).
                    (528, (32, 2, 1, 2, "triton")), (2048, (32, 1, 1, 2, "triton"))],
                   large_decode=(32, 1, 1, 2, "triton"))
 
@@ -760,7 +764,7 @@ def triton_fp8_gluon_values_shared() -> bool:
     loop 1748 against 1687 at the TP1 2-split launch, 44 B of spills. Built after the H100 run
     of session 20, where the register path was no faster than the Triton kernel and V's
     exposed latency was one candidate for why. H100, session 21: bit-identical (4 GPU test
-    launches, 14 A/B cases), memcheck 0 errors, 2-6% faster than the register path; against
+    launches, 22 A/B cases), memcheck 0 errors, 2-6% faster than the register path; against
     the Triton kernel TP1 -0.9 to -1.9% and TP4 +2.0 to +3.5% at 2 splits, -0.5 to +1.6% at
     the one-split launch the table takes from 529 programs. Off."""
     return False

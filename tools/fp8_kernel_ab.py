@@ -24,7 +24,7 @@ Session 11: ``original`` (with ``--impl triton``) is jax-triton at the comparato
 for each case (0.34.0's ``_select_config``: block_n, splits, warps; 2 stages as 0.34.0 launches),
 with the library's jax-triton launch defaults; ``original-np`` the same without the next tile's
 index prefetch (0.34.0's kernel has none). Writes ``ab.json`` to --out; since session 21 a ``table`` run records the table entry it
-launched (``table_tiling``: block_n, splits, warps, stages, implementation). Needs the GPU and the originals (QSA_ORIGINALS_DIR).
+started from (``table_tiling``: block_n, splits, warps, stages, implementation). Needs the GPU and the originals (QSA_ORIGINALS_DIR).
 """
 
 from __future__ import annotations
@@ -175,8 +175,11 @@ def main() -> int:
                     t = traced(lambda fn=fn: fn(*case.args), jax.block_until_ready)
                     rec = dict(variant=key if v is None else dict(dataclasses.asdict(v), spec=spec), knob=knob, timing=t,
                                err_exact=hs.rel_err(got, case.exact))
-                    if v is None:  # the table entry this run launched (it changes between sessions)
-                        rec["table_tiling"] = list(config.table_tiling(programs, a.prefill,
+                    if v is None:  # the table entry this run started from (it changes between
+                        # sessions; select_config then caps the splits at the tiles, and Pallas may
+                        # launch the entry's pallas_warps): rows x KV heads, not --programs, which
+                        # an odd count at TP1 rounds down
+                        rec["table_tiling"] = list(config.table_tiling(rows * per_head, a.prefill,
                                                                        is_fp8=a.kv_dtype == "fp8")[:5])
                     line["runs"].append(rec)
                     kernels = ", ".join(f"{n[:40]} {us:.1f}" for n, us in sorted((t or {}).get("by_kernel", {}).items(),

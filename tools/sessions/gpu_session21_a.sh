@@ -2,7 +2,7 @@
 # Session 21, call a (any H100/H200; carry .whl .cache/originals): bash tools/sessions/gpu_session21_a.sh
 # Question: the session-21 H100 grid has 0.34.0's *prefill* tiling for fp8 above 2048 programs
 # (32-wide tiles, ONE split, one warp) at 92.6-96.8% of copy bandwidth, 1.03-1.07x faster than
-# this project's table entry there (32-wide, 2 splits, one warp: 87.8-93.7%). Session 9 saw the
+# this project's table entry there (32-wide, 2 splits, one warp: 87.7-93.7%). Session 9 saw the
 # same 1.05x on the H200 and did not separate the tiling. So: the jax-triton fp8 kernel at one
 # split (2 stages, as 0.34.0 launches) against the table entry, 1024-8192 programs, TP1/TP4, with
 # 0.34.0 at its prefill tiling as the comparator, and the Gluon kernel with V through shared
