@@ -749,7 +749,9 @@ def triton_fp8_gluon_split() -> bool:
     A/B's 8 cases; session 21: 6 more and the GPU tests' 11). Not faster on the H100 (split
     kernel alone at the then table's 2-split launch, 1024-8192 programs: TP1 +0.0 to +1.8%, TP4
     +5.1 to +8.2%; notes/triton.md "Session 20" and "Session 21"), where the Triton kernel's fp8
-    path already runs at 87-97% of copy bandwidth; untimed on an H200. Hence off.
+    path already runs at 87-97% of copy bandwidth; untimed on an H200. Hence off. Only on
+    Triton 3.6 with jax-triton 0.3.1 (the tested pair; ``_gluon_support.unavailable_reason``):
+    with triton >= 3.7 and jax-triton 0.4.1 the knob changes nothing.
     A function so that tests and the benchmark can switch it (read into the launch plan: see
     ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
     return False

@@ -31,6 +31,7 @@ E4M3_CODES = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)  # ever
 def test_jax_triton_private_api_is_where_the_hook_expects():
     """``_gluon_support.install`` wraps ``jax_triton.triton_lib.get_or_create_triton_kernel``;
     this fails when an upgrade moves it. The checker itself is shown to notice each change."""
+    import importlib.metadata
     import importlib.util
     import os
 
@@ -39,6 +40,9 @@ def test_jax_triton_private_api_is_where_the_hook_expects():
     spec = importlib.util.find_spec("jax_triton")  # not imported: it refuses to without a GPU
     if spec is None:
         pytest.skip("jax-triton is not installed")
+    installed, pinned = importlib.metadata.version("jax-triton"), _tested_pin("jax-triton")
+    if installed != pinned:  # 0.4.1 beside triton >= 3.7: the plans keep the Triton kernel
+        pytest.skip(f"the hook is written for jax-triton {pinned} (tools/constraints.txt), this is {installed}")
     assert G.signature_problems() == []
     with open(os.path.join(list(spec.submodule_search_locations)[0], "triton_lib.py")) as f:
         source = f.read()
@@ -52,6 +56,62 @@ def test_jax_triton_private_api_is_where_the_hook_expects():
     for what, text in broken.items():
         assert text != source, f"the {what!r} edit no longer applies to this jax-triton's source"
         assert G.signature_problems(text), what
+
+
+def _tested_pin(package):
+    """The version ``tools/constraints.txt`` (the tested stack) pins ``package`` to."""
+    from pathlib import Path
+
+    for line in (Path(__file__).resolve().parents[1] / "tools" / "constraints.txt").read_text().splitlines():
+        name, _, version = line.partition("==")
+        if name.strip() == package:
+            return version.strip()
+    raise LookupError(f"tools/constraints.txt pins no {package}")
+
+
+def test_gluon_is_offered_exactly_on_the_tested_triton_and_jax_triton():
+    """``_gluon_support.unavailable_reason`` is None on the tested stack (triton 3.6, jax-triton
+    0.3.1: where the kernel was run) and names the reason on the project's other pair (triton
+    >= 3.7 with jax-triton 0.4.1: Triton 3.8's Gluon has no ``thread_barrier``, and 0.4.1 no
+    longer has the function the hook wraps), so there the plans keep the Triton kernel. An
+    upgrade of the tested pins fails here until the kernel and the hook are checked on it."""
+    import importlib.metadata
+
+    from qsa_jax.ops import _gluon_support as G
+
+    try:
+        versions = {p: importlib.metadata.version(p) for p in ("triton", "jax-triton")}
+    except importlib.metadata.PackageNotFoundError as exc:
+        pytest.skip(f"not installed: {exc}")
+    tested = all(v == _tested_pin(p) for p, v in versions.items())
+    reason = G.unavailable_reason()
+    assert (reason is None) == tested, (versions, reason)
+
+
+def test_plans_keep_the_triton_kernel_where_gluon_cannot_run(monkeypatch):
+    """Another Triton release than ``GLUON_TRITON`` is named in the reason, and with any reason
+    the knob changes nothing: the plan (both launchers') names the Triton kernel."""
+    triton = pytest.importorskip("triton")
+    from qsa_jax.ops import _gluon_support as G
+
+    G.unavailable_reason.cache_clear()
+    monkeypatch.setattr(triton, "__version__", "3.8.0")
+    try:
+        reason = G.unavailable_reason()
+    finally:
+        G.unavailable_reason.cache_clear()
+    assert reason and "3.8.0" in reason and G.GLUON_TRITON[0] in reason, reason
+    monkeypatch.setattr(G, "unavailable_reason", lambda: "moved")
+    assert _plan(_problem("TP1", 1024), monkeypatch).split_kernel == "triton"
+
+
+def _skip_unless_gluon_runs_here():
+    pytest.importorskip("triton")
+    from qsa_jax.ops import _gluon_support as G
+
+    reason = G.unavailable_reason()
+    if reason:
+        pytest.skip(f"the plans keep the Triton kernel here: {reason}")
 
 
 # ------------------------------------------------------------------------ sm_90 compile (no GPU)
@@ -140,7 +200,7 @@ def test_gluon_kernel_compiles_for_sm90(tp, fmt, monkeypatch, tmp_path):
     tiles, 2 splits): V travels global memory -> registers only (shared memory = q + two K tiles; no
     byte-wise shared reads; the V tile in 32-bit loads), and the tile loop is at most 0.8x
     the Triton kernel's at the same launch, without spills (V loads after q.K^T, the default)."""
-    pytest.importorskip("triton")
+    _skip_unless_gluon_runs_here()
     rows = 1024
     cache = "*u8" if fmt == "e4m3_bytes" else "*fp8e4nv"
     gplan = _plan(_problem(tp, rows, fmt), monkeypatch)
@@ -173,7 +233,7 @@ def test_gluon_values_through_shared_memory_compile_for_sm90(monkeypatch, tmp_pa
     ``cp.async`` (as many 16-byte copies as K's) instead of global loads, is read back 4 bytes at
     a time (no byte reads), and the shared memory is the register path's (one V buffer in place
     of the second K buffer)."""
-    pytest.importorskip("triton")
+    _skip_unless_gluon_runs_here()
     plan = _plan(_problem("TP1", 1024), monkeypatch, shared=True)
     regs = _plan(_problem("TP1", 1024), monkeypatch)
     assert dict(plan.split_meta)["V_SHARED"] is True and dict(regs.split_meta)["V_SHARED"] is False
@@ -245,7 +305,7 @@ def test_gluon_shared_memory_reads_have_no_bank_conflicts(monkeypatch):
 def test_gluon_kernel_compiles_at_every_head_dim_it_accepts(d, group, block_n, monkeypatch):
     """Every launch ``gluon_split_applies`` lets through compiles (D 32-128 here besides the real
     256: the K step is capped at D), with the V tile kept out of shared memory."""
-    pytest.importorskip("triton")
+    _skip_unless_gluon_runs_here()
     import jax
     import jax.numpy as jnp
 
@@ -271,6 +331,7 @@ def test_plan_picks_gluon_only_where_it_applies(monkeypatch):
     """The knob moves fp8 one-warp launches to the Gluon kernel with arguments it takes
     (every constexpr a parameter, every parameter given); bf16 caches, 2-warp launches and
     the knob off keep the Triton kernel."""
+    _skip_unless_gluon_runs_here()
     from qsa_jax.ops.sparse_attention import gluon_kernels
 
     fn = gluon_kernels.sparse_attention_split_kernel_fp8_gluon
@@ -287,6 +348,7 @@ def test_plan_picks_gluon_only_where_it_applies(monkeypatch):
 
 
 def test_shim_launches_the_plans_kernel(monkeypatch):
+    _skip_unless_gluon_runs_here()
     pytest.importorskip("torch")
     from qsa_jax.ops.sparse_attention import gluon_kernels, triton_kernels
     from qsa_torch_shim import _direct

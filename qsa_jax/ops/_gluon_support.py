@@ -12,9 +12,14 @@ handed back as a ``TritonKernel`` built as jax-triton builds one (its PTX, name,
 shared memory; the slot where jax-triton keeps the kernel's TTIR text gets the TTGIR, which
 is what a Gluon kernel has -- launching reads only the PTX); any other kernel goes to
 jax-triton unchanged. ``unavailable_reason`` is what the launch plans consult: where it is not
-None (no Gluon in this Triton, or jax-triton's internals moved) they keep the Triton kernel, on
-the shim's torch route as well, which shares the plans. Private API: ``tests/test_gluon.py`` fails when a jax-triton upgrade
-moves it (the function's name and keyword arguments, and the ``TritonKernel`` constructor).
+None (a Triton whose Gluon the kernel was not written for, or jax-triton's internals moved) they
+keep the Triton kernel, on the shim's torch route as well, which shares the plans. Gluon is
+experimental and changes between Triton releases (3.8 has no ``gl.thread_barrier``, which the
+kernel calls; jax-triton 0.4.1, the pair's other half, no longer has the function this hook
+wraps), so the kernel is offered only on the Triton releases in ``GLUON_TRITON``. Private
+API: ``tests/test_gluon.py`` fails when an upgrade of the tested jax-triton moves it (the
+function's name and keyword arguments, and the ``TritonKernel`` constructor), and when the
+tested Triton or jax-triton changes without the kernel and this hook being checked on it.
 The shim's torch route needs none of this: Triton's own launcher runs Gluon kernels.
 """
 
@@ -28,6 +33,10 @@ from qsa_jax.ops._triton_support import import_jax_triton
 # forwards, as jax-triton 0.3.1 names them (checked by install() and by the test).
 EXPECTED_KEYWORDS = ("num_warps", "num_stages", "num_ctas", "compute_capability", "enable_fp_fusion",
                      "metaparams", "dump")
+
+# The Triton releases (major.minor) whose Gluon ``gluon_kernels`` is written for and was
+# compiled, run and compared bit for bit on (H100, sessions 20-21).
+GLUON_TRITON = ("3.6",)
 
 _COMPILED: dict = {}
 
@@ -123,9 +132,14 @@ def unavailable_reason() -> str | None:
     """None when Gluon kernels can go through the installed jax-triton and Triton, else why not
     (read from the sources: works without a GPU)."""
     try:
+        import triton
         import triton.experimental.gluon  # noqa: F401
     except ImportError as exc:
         return f"this Triton has no Gluon ({exc})"
+    release = ".".join(triton.__version__.split(".")[:2])
+    if release not in GLUON_TRITON:
+        return (f"the Gluon kernel is written for Triton {' / '.join(GLUON_TRITON)}, "
+                f"this is Triton {triton.__version__}")
     problems = signature_problems()
     return "; ".join(problems) if problems else None
 
