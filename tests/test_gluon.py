@@ -20,6 +20,7 @@ import qsa_jax
 from qsa_jax import config as cfgmod
 from qsa_jax.config import SparseAttentionConfig
 from qsa_testing import cases as C
+from qsa_testing.stack import pinned_version
 
 K_SCALE, V_SCALE = 0.5, 2.0
 E4M3_CODES = np.setdiff1d(np.arange(256), [0x7F, 0xFF]).astype(np.uint8)  # every finite e4m3 code
@@ -40,7 +41,7 @@ def test_jax_triton_private_api_is_where_the_hook_expects():
     spec = importlib.util.find_spec("jax_triton")  # not imported: it refuses to without a GPU
     if spec is None:
         pytest.skip("jax-triton is not installed")
-    installed, pinned = importlib.metadata.version("jax-triton"), _tested_pin("jax-triton")
+    installed, pinned = importlib.metadata.version("jax-triton"), pinned_version("jax-triton")
     if installed != pinned:  # 0.4.1 beside triton >= 3.7: the plans keep the Triton kernel
         pytest.skip(f"the hook is written for jax-triton {pinned} (tools/constraints.txt), this is {installed}")
     assert G.signature_problems() == []
@@ -58,17 +59,6 @@ def test_jax_triton_private_api_is_where_the_hook_expects():
         assert G.signature_problems(text), what
 
 
-def _tested_pin(package):
-    """The version ``tools/constraints.txt`` (the tested stack) pins ``package`` to."""
-    from pathlib import Path
-
-    for line in (Path(__file__).resolve().parents[1] / "tools" / "constraints.txt").read_text().splitlines():
-        name, _, version = line.partition("==")
-        if name.strip() == package:
-            return version.strip()
-    raise LookupError(f"tools/constraints.txt pins no {package}")
-
-
 def test_gluon_is_offered_exactly_on_the_tested_triton_and_jax_triton():
     """``_gluon_support.unavailable_reason`` is None on the tested stack (triton 3.6, jax-triton
     0.3.1: where the kernel was run) and names the reason on the project's other pair (triton
@@ -83,7 +73,7 @@ def test_gluon_is_offered_exactly_on_the_tested_triton_and_jax_triton():
         versions = {p: importlib.metadata.version(p) for p in ("triton", "jax-triton")}
     except importlib.metadata.PackageNotFoundError as exc:
         pytest.skip(f"not installed: {exc}")
-    tested = all(v == _tested_pin(p) for p, v in versions.items())
+    tested = all(v == pinned_version(p) for p, v in versions.items())
     reason = G.unavailable_reason()
     assert (reason is None) == tested, (versions, reason)
 
