@@ -63,8 +63,9 @@ def test_gluon_is_offered_exactly_on_the_tested_triton_and_jax_triton():
     """``_gluon_support.unavailable_reason`` is None on the tested stack (triton 3.6, jax-triton
     0.3.1: where the kernel was run) and names the reason on the project's other pair (triton
     >= 3.7 with jax-triton 0.4.1: Triton 3.8's Gluon has no ``thread_barrier``, and 0.4.1 no
-    longer has the function the hook wraps), so there the plans keep the Triton kernel. An
-    upgrade of the tested pins fails here until the kernel and the hook are checked on it."""
+    longer has the function the hook wraps), so there the plans keep the Triton kernel. Moving
+    the pins to another Triton release (major.minor: the gate's unit) or another jax-triton
+    fails here until the kernel and the hook are checked on it."""
     import importlib.metadata
 
     from qsa_jax.ops import _gluon_support as G
@@ -73,14 +74,16 @@ def test_gluon_is_offered_exactly_on_the_tested_triton_and_jax_triton():
         versions = {p: importlib.metadata.version(p) for p in ("triton", "jax-triton")}
     except importlib.metadata.PackageNotFoundError as exc:
         pytest.skip(f"not installed: {exc}")
-    tested = all(v == pinned_version(p) for p, v in versions.items())
+    release = lambda v: v.split(".")[:2]  # noqa: E731
+    tested = (release(versions["triton"]) == release(pinned_version("triton"))
+              and versions["jax-triton"] == pinned_version("jax-triton"))
     reason = G.unavailable_reason()
     assert (reason is None) == tested, (versions, reason)
 
 
 def test_plans_keep_the_triton_kernel_where_gluon_cannot_run(monkeypatch):
     """Another Triton release than ``GLUON_TRITON`` is named in the reason, and with any reason
-    the knob changes nothing: the plan (both launchers') names the Triton kernel."""
+    the knob changes nothing: the launch plan, which both launchers read, names the Triton kernel."""
     triton = pytest.importorskip("triton")
     from qsa_jax.ops import _gluon_support as G
 
@@ -393,6 +396,7 @@ def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, shared, monkeypatch):
         pytest.skip("needs a CUDA GPU")
     if T.why_not():
         pytest.skip(T.why_not())
+    _skip_unless_gluon_runs_here()
     case, rng = _gpu_case(tp, 64, seed=GPU_CASES.index((tp, fmt, tiling, shared)) + 100)
     cfg = SparseAttentionConfig(*tiling)
     bits = rng.choice(E4M3_CODES, case.kv_cache.shape)

@@ -5,7 +5,7 @@
 #    torch==2.14.0 (vLLM 0.33/0.34's), and the tested set (tools/constraints.txt), with
 #    `pip install --dry-run --report` (metadata only: no wheel is downloaded or installed),
 #    and check what was chosen (tools/check_resolution.py).
-# 2. Install qsa-jax[torch,triton] with torch==2.14.0 -- the project's other tested pair,
+# 2. Install qsa-jax[torch,triton] with torch==2.14.0 -- the project's other supported pair,
 #    triton 3.8 with jax-triton 0.4.1 -- into a scratch venv outside the repository and run
 #    there the shim's CPU tests and the Triton side's (kernels compiled for sm_90, Triton's
 #    interpreter on the jax-triton kernels, the launch plans, the Gluon kernel's fallback:

@@ -15,8 +15,8 @@ jax-triton unchanged. ``unavailable_reason`` is what the launch plans consult: w
 None (a Triton whose Gluon the kernel was not written for, or jax-triton's internals moved) they
 keep the Triton kernel, on the shim's torch route as well, which shares the plans. Gluon is
 experimental and changes between Triton releases (3.8 has no ``gl.thread_barrier``, which the
-kernel calls; jax-triton 0.4.1, the pair's other half, no longer has the function this hook
-wraps), so the kernel is offered only on the Triton releases in ``GLUON_TRITON``. Private
+kernel calls; jax-triton 0.4.1, which needs Triton >= 3.7, no longer has the function this
+hook wraps), so the kernel is offered only on the Triton releases in ``GLUON_TRITON``. Private
 API: ``tests/test_gluon.py`` fails when an upgrade of the tested jax-triton moves it (the
 function's name and keyword arguments, and the ``TritonKernel`` constructor), and when the
 tested Triton or jax-triton changes without the kernel and this hook being checked on it.

@@ -121,7 +121,8 @@ def gluon_split_applies(problem: SparseAttentionProblem, block_n: int, num_warps
     """Whether ``gluon_kernels.sparse_attention_split_kernel_fp8_gluon`` can run this launch:
     an fp8 cache (with its scales), one warp, at most 16 query heads per KV head (one 16-row
     MMA tile), D a power of two in [32, 256] (its layouts), tiles of at least 16 tokens; and
-    a Triton with Gluon and a jax-triton whose internals ``_gluon_support`` knows."""
+    a Triton release the kernel is written for (``_gluon_support.GLUON_TRITON``) and a
+    jax-triton whose internals ``_gluon_support`` knows (``unavailable_reason``)."""
     from qsa_jax.ops import _gluon_support
 
     d = problem.head_dim
