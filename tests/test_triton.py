@@ -884,11 +884,12 @@ def test_split_kernel_fp16_keys_drop_the_bf16_conversions(tmp_path):
     steps -- 384 of its 654 conversion instructions, 2184 -> 1814 (notes/triton.md, session
     14) -- without more registers, and on the pinned Triton (3.6) without more spills; the
     bits are the interpreter check's."""
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
     sys.path.insert(0, str(REPO / "tools"))
     import sm90_split_kernel_ab as AB
 
     from qsa_jax import arg_specs
+    from qsa_testing.stack import pinned_version
 
     geo = arg_specs.GEOMETRIES["TP1"]
     got = {f16: AB.compiled_numbers(AB.ours(geo, 1024, 32, 2, 1, "jit", fp8=True, requests=1024, qk_fp16=f16),
@@ -897,10 +898,6 @@ def test_split_kernel_fp16_keys_drop_the_bf16_conversions(tmp_path):
     converts = "fp8/fp16 convert"
     assert f16_dot["classes"][converts] <= bf16_dot["classes"][converts] - 384, (bf16_dot, f16_dot)
     assert f16_dot["loop_length"] <= 0.85 * bf16_dot["loop_length"], (bf16_dot, f16_dot)
-    import triton
-
-    from qsa_testing.stack import pinned_version
-
     # Spills are the register allocator's call: the notes' claim is Triton 3.6's (20 -> 20 B
     # here); Triton 3.8, the other supported pair, spills 16 -> 40 B at this launch.
     if triton.__version__ == pinned_version("triton"):
