@@ -200,15 +200,18 @@ H200_FP8 = _table("h200-fp8-measured",
                    # Re-measured on an H100 (the same sm_90 table; bench/results/
                    # nvidia-h100_2026-12-05/session21/): one split -- 0.34.0's prefill tiling, no
                    # merge kernel -- is 2-9% faster than 2 splits at 768-8192 programs and 0.99x of
-                   # 0.34.0's own prefill launch; at 520 programs one split is 17-21% slower. Why the
-                   # boundary sits near 528 (not measured between 520 and 768): the one-warp
+                   # 0.34.0's own prefill launch; at 520 programs one split is 17-21% slower. The
+                   # boundary, measured in session 23 (H100): 2 splits win at 528 programs (one
+                   # split +17-20%), one split from 576 (-5 to -13%). Why there: the one-warp
                    # kernel's registers leave 8 programs per SM, 1056 on the 132 SMs of an H100
                    # SXM or H200, so up to 528 programs 2 splits still run in one wave and one
                    # split would leave half the slots empty; above it, 2 splits need a second,
                    # partial wave and a merge. Sm_90 cards with fewer SMs (H100 PCIe 114, H20 78)
                    # would want the boundary lower; unmeasured. These entries have no
                    # pallas_warps: where jax-triton is missing, Pallas runs them at one warp and
-                   # one split, a launch its sweep did not try (its winner here had 2 splits).
+                   # one split, a launch its sweep did not try (its winner here had 2 splits);
+                   # timed in session 23 (H100): 1.4-2.5% faster than 2 splits at 1024 and 4096
+                   # programs, TP1 and TP4.
                    (528, (32, 2, 1, 2, "triton")), (2048, (32, 1, 1, 2, "triton"))],
                   large_decode=(32, 1, 1, 2, "triton"))
 
@@ -688,25 +691,32 @@ def pallas_fp8_keys_f16_dot() -> bool:
 TRITON_FP8_F16_DOT_MAX_GROUP = 8
 
 
-def triton_fp8_keys_f16_dot(group_size: int) -> bool:
+def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
     """Whether the jax-triton split kernel computes q.K^T for an fp8 cache as an fp16 dot
     (its QK_FP16): K converted e4m3 -> fp16 only, q rescaled once per program by a power of
     two per query row, the scores scaled back (``triton_kernels._f16_query``). Bit-identical
-    to the bf16 dot (H200, every fp8 launch tried, query heads 2^63 apart); a speed choice.
+    to the bf16 dot (H200 and H100, every fp8 launch tried, query heads 2^63 apart); a speed
+    choice.
 
     Why: like vLLM 0.34.0's kernel, the bf16 dot turns every K element of every tile into
     bf16 (e4m3 -> fp16 -> fp32 -> bf16), ~30% of the one-warp tile loop (notes/triton.md,
-    sessions 13-14). Measured on the H200 (2026-12-05, notes/triton.md "Session 17"), busy
-    time of the split kernel with the fp16 dot against without:
+    sessions 13-14). Busy time of the split kernel with the fp16 dot against without:
     - TP4 (G = 6 query heads per KV head: 8-row MMA tiles, each K conversion serving 6 rows):
-      -6 to -11% at 64-4096 rows, through the shim's torch launch and through JAX alike;
-    - TP1 (G = 12: 16-row tiles): +3 to +6% through the torch launch, -1 to -2% through JAX.
-    Hence on where ``group_size`` <= ``TRITON_FP8_F16_DOT_MAX_GROUP`` (8-row tiles). A function
-    so that tests and the benchmark can switch it; it is read into the launch plan, so a switch
-    in a running process needs ``triton._launch_plan.cache_clear()``, JAX's caches of the
-    traced call (``api._run.clear_cache()``) and, for the shim, ``_direct._SIGNATURES.clear()``.
+      -6 to -11% at 64-4096 rows, through the shim's torch launch and through JAX alike (H200,
+      session 17);
+    - TP1 (G = 12: 16-row tiles) at 2 or 4 splits: +3 to +6% through the torch launch, -1 to
+      -2% through JAX (H200, session 17, 2 splits); +2.4% through torch at 0.34.0's 4-split
+      launch (H100, session 23);
+    - TP1 at one split (the table's entries from 529 programs; 0.34.0's large-batch launch):
+      -0.4 to -1.3% through JAX (H100, session 21) and through torch (session 23), -3.2 to
+      -3.8% through torch at 0.34.0's 64-wide 2-warp launch (session 23).
+    Hence on where ``group_size`` <= ``TRITON_FP8_F16_DOT_MAX_GROUP`` (8-row tiles), and at 16-row
+    tiles where the launch has one split. A function so that tests and the benchmark can
+    switch it; it is read into the launch plan, so a switch in a running process needs
+    ``triton._launch_plan.cache_clear()``, JAX's caches of the traced call
+    (``api._run.clear_cache()``) and, for the shim, ``_direct._SIGNATURES.clear()``.
     """
-    return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP
+    return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP or num_splits == 1
 
 
 def triton_fp8_values_f16_staged() -> bool:

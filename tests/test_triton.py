@@ -851,9 +851,11 @@ def test_fp16_keys_knob_reaches_fp8_launches_only(monkeypatch):
         stri._launch_plan.cache_clear()
 
 
-def test_fp16_keys_default_follows_the_group_size():
-    """By default the fp16 q.K^T runs where it measured faster on the H200 (notes/triton.md,
-    session 17): 8-row MMA tiles (G <= 8, TP4's 6 heads per KV head), not TP1's G = 12."""
+def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
+    """By default the fp16 q.K^T runs where it measured faster (notes/triton.md, sessions 17,
+    21, 23): 8-row MMA tiles (G <= 8, TP4's 6 heads per KV head) at any split count, and TP1's
+    G = 12 only where the launch has one split (the sm_90 fp8 table from 529 programs; at 2 and
+    4 splits it measured slower through the shim's torch launch)."""
     import jax
     import jax.numpy as jnp
 
@@ -863,19 +865,30 @@ def test_fp16_keys_default_follows_the_group_size():
 
     s = jax.ShapeDtypeStruct
 
-    def qk_fp16(heads, kv_heads):
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))  # sm_90's fp8 table
+
+    def plan(heads, kv_heads, rows, prefill=False):
         problem = sbase.check_sparse_attention_args(
-            s((8, heads, 256), jnp.bfloat16), s((64, kv_heads, 64, 512), jnp.float8_e4m3fn),
-            s((8, 2052), jnp.int32), s((2, 64), jnp.int32), s((8,), jnp.int32), s((8, heads, 256), jnp.bfloat16),
-            use_prefill_config=False, config=None, scales_given=(True, True))
-        stri._launch_plan.cache_clear()
+            s((rows, heads, 256), jnp.bfloat16), s((64, kv_heads, 64, 512), jnp.float8_e4m3fn),
+            s((rows, 2052), jnp.int32), s((2, 64), jnp.int32), s((rows,), jnp.int32),
+            s((rows, heads, 256), jnp.bfloat16), use_prefill_config=prefill, config=None, scales_given=(True, True))
         try:
-            return dict(stri.launch_plan(problem).split_meta)["QK_FP16"]
+            p = stri.launch_plan(problem)
         finally:
             stri._launch_plan.cache_clear()
+        return dict(p.split_meta)["QK_FP16"], p.merge_grid is None
 
     assert config.TRITON_FP8_F16_DOT_MAX_GROUP == 8
-    assert [qk_fp16(h, hk) for h, hk in ((24, 2), (6, 1), (8, 1), (16, 1))] == [False, True, True, False]
+    # (query heads, KV heads, rows) -> (QK_FP16, one split) on sm_90's table.
+    cases = {(24, 2, 8): (False, False), (24, 2, 264): (False, False), (24, 2, 265): (True, True),
+             (24, 2, 4096): (True, True), (6, 1, 8): (True, False), (6, 1, 4096): (True, True),
+             (8, 1, 8): (True, False), (16, 1, 8): (False, False), (16, 1, 1024): (True, True)}
+    got = {case: plan(*case) for case in cases}
+    assert got == cases, got
+    assert plan(24, 2, 4096, prefill=True) == (True, True)
+    # Through the function itself, every split count of both tile heights.
+    assert [config.triton_fp8_keys_f16_dot(g, n) for g in (6, 12) for n in (1, 2, 4)] == \
+        [True, True, True, True, False, False]
 
 
 def test_split_kernel_fp16_keys_drop_the_bf16_conversions(tmp_path):

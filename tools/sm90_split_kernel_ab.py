@@ -65,7 +65,7 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
     """Our split kernel compiled for sm_90 at one launch (bf16 cache, or e4m3 with the k/v
     scales when ``fp8``; ``requests`` defaults to ``REQUESTS``; ``induction``: the tile loop's
     form, default ``config.triton_tile_induction``'s choice; ``qk_fp16``: fp8's q.K^T in fp16,
-    default ``config.triton_fp8_keys_f16_dot()``; ``v_staged``: fp8's V converted before its
+    default ``config.triton_fp8_keys_f16_dot(group, splits)``; ``v_staged``: fp8's V converted before its
     layout change, default ``config.triton_fp8_values_f16_staged()``)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -88,7 +88,7 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
                       TILE_INDUCTION=config.triton_tile_induction(-(-W // block_n), splits) if induction is None
                       else induction,
                       SCALED=fp8, FP8=fp8, KV_BYTES=False,
-                      QK_FP16=fp8 and (config.triton_fp8_keys_f16_dot(group) if qk_fp16 is None else qk_fp16),
+                      QK_FP16=fp8 and (config.triton_fp8_keys_f16_dot(group, splits) if qk_fp16 is None else qk_fp16),
                       V_F16_STAGED=fp8 and (config.triton_fp8_values_f16_staged() if v_staged is None
                                             else v_staged),
                       F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT)
@@ -106,7 +106,7 @@ def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=
     """The Gluon fp8 split kernel (``gluon_kernels``, session 20) compiled for sm_90 at one launch
     (one warp; e4m3 cache with the k/v scales), specialised as jax-triton's route specialises it
     (``_gluon_support.compile_for_jax_triton``); ``qk_fp16`` defaults to
-    ``config.triton_fp8_keys_f16_dot()``, ``v_shared`` is its V_SHARED; ``page``: the page size
+    ``config.triton_fp8_keys_f16_dot(group, splits)``, ``v_shared`` is its V_SHARED; ``page``: the page size
     (default this tool's probe value, as ``ours``). The notes' Gluon numbers (notes/triton.md
     "Session 20") come from this with ``compiled_numbers`` at 2048 rows."""
     from qsa_jax import config
@@ -124,7 +124,7 @@ def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=
     meta = dict(W=W, PAGE=page, BTW=BTW, GROUP=group, HEADS=heads, D=d, Q_ROW_STRIDE=heads, Q_HEAD_STRIDE=1,
                 Q_OFFSET=0, STRIDE_PAGE=hk * page * 2 * d, STRIDE_TOKEN=2 * d, STRIDE_HEAD=page * 2 * d, V_OFFSET=d,
                 BLOCK_N=block_n, NUM_TILES=-(-W // block_n), NUM_SPLITS=splits,
-                QK_FP16=config.triton_fp8_keys_f16_dot(group) if qk_fp16 is None else qk_fp16,
+                QK_FP16=config.triton_fp8_keys_f16_dot(group, splits) if qk_fp16 is None else qk_fp16,
                 F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, KC=min(kc, d),
                 V_SHARED=v_shared)
     compiled, _ = _gluon_support.compile_for_jax_triton(fn, dtypes, scalars, num_warps=1, num_ctas=1,

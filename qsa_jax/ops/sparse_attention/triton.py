@@ -85,7 +85,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
     common = dict(W=p.selection_width, PAGE=kv.page_size, BTW=p.table_width, GROUP=p.group_size, HEADS=heads,
                   D=d, Q_ROW_STRIDE=p.queries.row_stride, Q_HEAD_STRIDE=p.queries.head_stride,
                   Q_OFFSET=p.queries.offset, BLOCK_N=cfg.block_n, NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
-                  QK_FP16=p.is_fp8 and config.triton_fp8_keys_f16_dot(p.group_size),
+                  QK_FP16=p.is_fp8 and config.triton_fp8_keys_f16_dot(p.group_size, splits),
                   F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
     if config.triton_fp8_gluon_split() and gluon_split_applies(p, cfg.block_n, launch.num_warps):
         split_kernel = "gluon"
