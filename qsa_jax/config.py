@@ -716,7 +716,7 @@ def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
     ``triton._launch_plan.cache_clear()``, JAX's caches of the traced call
     (``api._run.clear_cache()``) and, for the shim, ``_direct._SIGNATURES.clear()``.
     """
-    return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP or num_splits == 1
+    return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP or (group_size <= 16 and num_splits == 1)
 
 
 def triton_fp8_values_f16_staged() -> bool:
