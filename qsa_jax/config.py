@@ -687,7 +687,8 @@ def pallas_fp8_keys_f16_dot() -> bool:
     return False
 
 
-# Query heads per KV head up to which the jax-triton kernel's fp8 q.K^T runs as an fp16 dot.
+# Query heads per KV head up to which the jax-triton kernel's fp8 q.K^T runs as an fp16 dot at
+# any split count (up to 16, i.e. 16-row tiles, at one split only: triton_fp8_keys_f16_dot).
 TRITON_FP8_F16_DOT_MAX_GROUP = 8
 
 
@@ -704,12 +705,14 @@ def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
     - TP4 (G = 6 query heads per KV head: 8-row MMA tiles, each K conversion serving 6 rows):
       -6 to -11% at 64-4096 rows, through the shim's torch launch and through JAX alike (H200,
       session 17);
-    - TP1 (G = 12: 16-row tiles) at 2 or 4 splits: +3 to +6% through the torch launch, -1 to
-      -2% through JAX (H200, session 17, 2 splits); +2.4% through torch at 0.34.0's 4-split
-      launch (H100, session 23);
-    - TP1 at one split (the table's entries from 529 programs; 0.34.0's large-batch launch):
-      -0.4 to -1.3% through JAX (H100, session 21) and through torch (session 23), -3.2 to
-      -3.8% through torch at 0.34.0's 64-wide 2-warp launch (session 23).
+    - TP1 (G = 12: 16-row tiles) at 2 or 4 splits: +2.1 to +5.6% through the torch launch,
+      -0.7 to -1.9% through JAX (H200, session 17, 2 splits); +2.4% through torch at 0.34.0's
+      4-split launch (H100, session 23);
+    - TP1 at one split (the table's entries from 529 programs; 0.34.0's large-batch launch and
+      0.30.0's from 513 programs, 64-wide, 2 warps): -0.4 to -1.3% through JAX at the table's
+      entry (H100, session 21); through torch (H100, session 23) -0.45 to -1.2% there (within
+      the pass-to-pass spread of 0.34.0's own kernel, +-0.5%) and -3.3 to -3.8% at the 64-wide
+      launches of both vLLM tables.
     Hence on where ``group_size`` <= ``TRITON_FP8_F16_DOT_MAX_GROUP`` (8-row tiles), and at 16-row
     tiles where the launch has one split. A function so that tests and the benchmark can
     switch it; it is read into the launch plan, so a switch in a running process needs

@@ -21,7 +21,8 @@ pool; fp8: e4m3 with scales 0.5 / 2.0, where only 0.34.0 has a path):
 forced True (the jax-triton kernels' next-tile index prefetch, off by default since session
 11; 0.34.0's kernel has none), the originals timed again in that pass. ``--f16-dot on|off``:
 likewise with ``config.triton_fp8_keys_f16_dot`` forced on or off (fp8's q.K^T as an fp16
-dot; session 14; on by default where G <= 8 since session 17), for fp8 caches only (a bf16
+dot; session 14; on by default where G <= 8 since session 17, and at G <= 16 where the
+launch has one split since session 23), for fp8 caches only (a bf16
 cache has no such path). Each pass's columns are compared with
 the first original of that pass (``diff``, the same inputs in both passes): where the default
 pass shows diff 0 against 0.34.0, the knob pass's diff 0 means bit-identical to it too;
