@@ -688,8 +688,10 @@ def pallas_fp8_keys_f16_dot() -> bool:
 
 
 # Query heads per KV head up to which the jax-triton kernel's fp8 q.K^T runs as an fp16 dot at
-# any split count (up to 16, i.e. 16-row tiles, at one split only: triton_fp8_keys_f16_dot).
+# any split count (8-row tiles), and up to which it does at one split (16-row tiles, measured at
+# G = 12; wider tiles never were): triton_fp8_keys_f16_dot.
 TRITON_FP8_F16_DOT_MAX_GROUP = 8
+TRITON_FP8_F16_DOT_ONE_SPLIT_MAX_GROUP = 16
 
 
 def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
@@ -713,13 +715,15 @@ def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
       entry (H100, session 21); through torch (H100, session 23) -0.45 to -1.2% there (within
       the pass-to-pass spread of 0.34.0's own kernel, +-0.5%) and -3.3 to -3.8% at the 64-wide
       launches of both vLLM tables.
-    Hence on where ``group_size`` <= ``TRITON_FP8_F16_DOT_MAX_GROUP`` (8-row tiles), and at 16-row
-    tiles where the launch has one split. A function so that tests and the benchmark can
-    switch it; it is read into the launch plan, so a switch in a running process needs
-    ``triton._launch_plan.cache_clear()``, JAX's caches of the traced call
-    (``api._run.clear_cache()``) and, for the shim, ``_direct._SIGNATURES.clear()``.
+    Hence on where ``group_size`` <= ``TRITON_FP8_F16_DOT_MAX_GROUP`` (8-row tiles), and up to
+    ``TRITON_FP8_F16_DOT_ONE_SPLIT_MAX_GROUP`` (16-row tiles) where the launch has one split.
+    A function so that tests and the benchmark can switch it; it is read into the launch plan,
+    so a switch in a running process needs ``triton._launch_plan.cache_clear()``, JAX's caches
+    of the traced call (``api._run.clear_cache()``) and, for the shim,
+    ``_direct._SIGNATURES.clear()``.
     """
-    return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP or (group_size <= 16 and num_splits == 1)
+    return group_size <= TRITON_FP8_F16_DOT_MAX_GROUP or (
+        group_size <= TRITON_FP8_F16_DOT_ONE_SPLIT_MAX_GROUP and num_splits == 1)
 
 
 def triton_fp8_values_f16_staged() -> bool:

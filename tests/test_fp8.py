@@ -317,28 +317,31 @@ def _one_file_ab(path, table_then):
     and the explicit run's ratio counts."""
     out = []
     for rec in json.loads(path.read_text()):
-        times, from_table = {}, set()
+        times, table = {}, None
         for run in rec["runs"]:
             if run["knob"] != "off":
                 continue
             v = run["variant"]
-            recorded = run.get("table_tiling")  # recorded by the tool since session 21
-            table_run = cfgmod.Tiling(*recorded) if recorded else table_then
-            assert table_run is not None or not isinstance(v, str), \
-                (path, rec["programs"], "a table run that records no entry needs table_then")
-            tiling = table_run if isinstance(v, str) else cfgmod.Tiling(
-                v["block_n"], v["splits"], v["warps"], v["stages"], "triton")
+            if isinstance(v, str):  # the "table(triton)" run
+                recorded = run.get("table_tiling")  # recorded by the tool since session 21
+                tiling = cfgmod.Tiling(*recorded) if recorded else table_then
+                assert tiling is not None, (path, rec["programs"], "a table run that records no entry needs table_then")
+            else:
+                tiling = cfgmod.Tiling(v["block_n"], v["splits"], v["warps"], v["stages"], "triton")
             merged = any("merge" in name for name in run["timing"]["by_kernel"])
             assert merged == (tiling.splits > 1), (path, rec["programs"], tiling, run["timing"]["by_kernel"])
             ratio = run["timing"]["busy_us"] / rec["original"]["busy_us"]
-            if tiling in times:  # the table run and an explicit run of its tiling: one launch twice
-                assert isinstance(v, str) != (tiling in from_table), (path, rec["programs"], tiling)
+            if isinstance(v, str):
+                table = tiling, ratio
+            else:
+                assert tiling not in times, (path, rec["programs"], tiling)
+                times[tiling] = ratio
+        if table is not None:
+            tiling, ratio = table
+            if tiling in times:  # the table run repeats an explicit run: one launch twice
                 assert abs(ratio / times[tiling] - 1) <= 0.05, (path, rec["programs"], tiling, ratio, times)
-                if isinstance(v, str):
-                    continue  # the explicit run's ratio counts
-            elif isinstance(v, str):
-                from_table.add(tiling)
-            times[tiling] = ratio
+            else:
+                times[tiling] = ratio
         out.append((rec["programs"], rec["prefill"], rec["geometry"], times))
     return out
 
