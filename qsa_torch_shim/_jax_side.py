@@ -10,7 +10,6 @@ that buffer (XLA input/output aliasing): the shim donates the caller's
 from __future__ import annotations
 
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -92,10 +91,6 @@ def signal_torch(ffi_signal: bool, result):
 
 # --- sparse attention -------------------------------------------------------------------------
 
-# qsa_jax's fp8 support (k_scale/v_scale) arrived after the shim's: say so clearly
-# instead of failing inside a trace when an older qsa_jax is installed.
-SUPPORTS_SCALES = "k_scale" in inspect.signature(qsa_jax.sparse_attention).parameters
-
 _SCALES: dict[tuple, jax.Array] = {}
 
 
@@ -106,10 +101,6 @@ def scale_arrays(scales: tuple[float, float], like) -> tuple[jax.Array, jax.Arra
     would compile one executable per layer and row count. Cached: a fresh
     scalar per call would be a host-to-device copy per call.
     """
-    if not SUPPORTS_SCALES:
-        raise NotImplementedError(
-            "qsa_torch_shim: fp8 K/V caches need a qsa_jax whose sparse_attention takes "
-            "k_scale/v_scale; the installed one does not")
     device = _private_api.jax_device(like)
     found = []
     for value in scales:
@@ -133,7 +124,8 @@ TILING_TABLE: list = [None]
 def _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gate, scales, *,
             use_prefill_config, implementation, table=None):
     kv = kv_arrays[0] if len(kv_arrays) == 1 else tuple(kv_arrays)
-    # Scales only for fp8 caches, so a bf16 call runs on a qsa_jax without fp8 support.
+    # Scales only for fp8 caches: a bf16 call keeps vLLM 0.30.0's normalisation (acc / l;
+    # 0.34.0 multiplies by 1 / l, at most an ulp apart -- inside the fidelity contract).
     extra = {} if scales is None else {"k_scale": scales[0], "v_scale": scales[1]}
     return qsa_jax.sparse_attention(q, kv, logical_indices, block_table, token_to_req, output_gate,
                                     use_prefill_config=use_prefill_config, config=table,

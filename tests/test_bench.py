@@ -193,7 +193,8 @@ def test_kernel_trace_summary_and_cpu_trace():
     assert kernel_trace.gpu_kernels(lambda: jax.block_until_ready(f(x))) == []
 
 
-def test_decode_sweep_cpu_smoke(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kv,variants", [("bf16", "all"), ("fp8", "merge")])
+def test_decode_sweep_cpu_smoke(tmp_path, monkeypatch, kv, variants):
     """bench.decode_sweep runs every launch-knob variant on CPU; all give the default's bits."""
     import sys
 
@@ -201,10 +202,10 @@ def test_decode_sweep_cpu_smoke(tmp_path, monkeypatch):
 
     out = tmp_path / "sweep.md"
     monkeypatch.setattr(sys, "argv", ["decode_sweep", "--cases", "TP4:1", "--n-calls", "2", "--runs", "1",
-                                      "--out", str(out)])
+                                      "--kv", kv, "--variants", variants, "--out", str(out)])
     assert decode_sweep.main() == 0
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| TP4 | 1 |")]
-    assert len(rows) == len(decode_sweep.VARIANTS)
+    rows = [line for line in out.read_text().splitlines() if line.startswith(f"| TP4 | {kv} | 1 |")]
+    assert len(rows) == len(decode_sweep.VARIANTS if variants == "all" else decode_sweep.MERGE_VARIANTS)
     assert all(line.rstrip().endswith("| yes |") for line in rows)
 
 

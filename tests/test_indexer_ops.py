@@ -50,8 +50,9 @@ def test_compress_rejects_bad_arguments():
     rng = np.random.default_rng(0)
     case = C.compress_case(rng, chunk_lens=[2, 3])
     a = [getattr(case, f) for f in FIELDS]
-    with pytest.raises(ValueError, match="compress_ratio"):
-        qsa_jax.compress_groups_with_ratio(*a, 0)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="compress_ratio"):
+            qsa_jax.compress_groups_with_ratio(*a, bad)
     with pytest.raises(ValueError, match="raw_keys"):
         qsa_jax.compress_groups_with_ratio(a[0][:, 0], *a[1:], 4)
     with pytest.raises(ValueError, match="ring size"):

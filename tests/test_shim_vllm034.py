@@ -3,8 +3,7 @@ versions, install() beside either version.
 
 Exception parity runs against the live 0.34.0 originals on CPU (their checks run
 before any launch). fp8 results are checked against qsa_jax called directly on the
-same arrays (the shim only converts); tests that need qsa_jax's fp8 support skip
-until ``qsa_jax.sparse_attention`` takes ``k_scale``.
+same arrays (the shim only converts).
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ from qsa_torch_shim import _jax_side as J
 from qsa_testing import golden, originals
 from qsa_testing.torch_interop import kv_views, to_numpy, to_torch
 
-JAX_HAS_FP8 = "k_scale" in inspect.signature(qsa_jax.sparse_attention).parameters
-needs_jax_fp8 = pytest.mark.skipif(not JAX_HAS_FP8, reason="qsa_jax.sparse_attention has no k_scale yet")
 PUBLIC = ("qsa_sparse_paged_attention", "qsa_compress_groups_with_ratio", "qsa_store_cache_rows",
           "warmup_qsa_sparse_paged_attention", "_select_config")
 
@@ -169,16 +166,8 @@ def test_bf16_cache_ignores_scales_like_0_34():
         assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
 
 
-@pytest.mark.skipif(JAX_HAS_FP8, reason="qsa_jax has fp8 support")
-def test_fp8_without_jax_support_says_so():
-    _, a, gate = _fp8_args()
-    with pytest.raises(NotImplementedError, match="k_scale"):
-        _call(S.qsa_sparse_paged_attention, a, gate, None, 0.5, 2.0)
+# --- fp8 results ------------------------------------------------------------------------------
 
-
-# --- fp8 results (need qsa_jax's fp8 support) -------------------------------------------------
-
-@needs_jax_fp8
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8])
 @pytest.mark.parametrize("with_out", [False, True])
 def test_fp8_matches_qsa_jax_on_the_same_arrays(dtype, with_out, monkeypatch):
@@ -206,7 +195,6 @@ def test_fp8_matches_qsa_jax_on_the_same_arrays(dtype, with_out, monkeypatch):
     assert np.isfinite(to_numpy(got).astype(np.float32)).all()
 
 
-@needs_jax_fp8
 def test_fp8_scales_are_traced_not_compiled_in():
     """A model has a scale pair per layer: new scale values must not compile anew."""
     _, a, gate = _fp8_args()
@@ -218,7 +206,6 @@ def test_fp8_scales_are_traced_not_compiled_in():
     assert not torch.equal(r1, r2)  # the scales do reach the computation
 
 
-@needs_jax_fp8
 def test_fp8_warmup_returns_0_34_summary():
     orig = originals.load_or_skip("0.34.0")
     case = next(c for c, _ in golden.sparse_attention_cases() if c.name == "tp1_r16_s16")

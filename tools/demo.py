@@ -64,12 +64,13 @@ def cpu_demo(rows_list=(1, 8, 64), width_blocks=64, page_size=64) -> int:
             if impl == "pallas" and rows > 8:
                 continue  # the interpreter is slow; the GPU runs the real kernel
             t0 = time.perf_counter()
-            out = qsa_jax.sparse_attention(*args, implementation=impl).block_until_ready()
+            # The oracle's tiling, explicitly: the default elsewhere may be a measured table's.
+            out = qsa_jax.sparse_attention(*args, config=cfg, implementation=impl).block_until_ready()
             first = time.perf_counter() - t0
             reps = 3
             t0 = time.perf_counter()
             for _ in range(reps):
-                out = qsa_jax.sparse_attention(*args, implementation=impl)
+                out = qsa_jax.sparse_attention(*args, config=cfg, implementation=impl)
             out.block_until_ready()
             steady = (time.perf_counter() - t0) / reps * 1e3
             check = fidelity(np.asarray(out), ref)  # same tiling as the oracle: fidelity
@@ -90,7 +91,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="run the CPU demo even when a GPU is present")
     args, rest = ap.parse_known_args()
-    if has_gpu() and not args.cpu:
+    if args.cpu:  # before any backend starts: every array and kernel on the host
+        jax.config.update("jax_platforms", "cpu")
+    elif has_gpu():
         from bench import run as bench_run
 
         return bench_run.main(rest)

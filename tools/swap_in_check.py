@@ -201,15 +201,12 @@ def main() -> int:
     sys.modules[MODULE] = orig
     before = importlib.import_module(MODULE)
     import qsa_torch_shim
-    from qsa_torch_shim import _jax_side
 
     # Compared element by element with the originals: run the shim on their version's
     # tiling (its default on a GPU with a measured table is another, equally accurate one).
     qsa_torch_shim.set_tiling_table("vllm-" + args.vllm.rsplit(".", 1)[0])
 
-    fp8 = args.vllm != "0.30.0" and _jax_side.SUPPORTS_SCALES
-    if args.vllm != "0.30.0" and not fp8:
-        print("INFO  no fp8 calls: qsa_jax.sparse_attention takes no k_scale yet")
+    fp8 = args.vllm != "0.30.0"
     calls = build_calls(args.quick, fp8)
     reference = {}
     for name, fn, _ in calls:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's Python 3.12 virtualenv in .venv and install
+# Create (or reuse) the project's Python >= 3.12 (3.12 tested) virtualenv in .venv and install
 # the project with the extras named in $1 (comma-separated, e.g. "test" or
 # "torch,bench"). Sourced by demo.sh and test.sh; prints the venv's python.
 # Versions: the tested stack in tools/constraints.txt (QSA_CONSTRAINTS= another
@@ -10,25 +10,38 @@ venv=${QSA_VENV:-$root/.venv}
 extras=${1:-}
 constraints=${QSA_CONSTRAINTS-$root/tools/constraints.txt}
 
-find_python312() {
-  # jax 0.11 ships no wheels for Python < 3.12. A pyenv shim may exist
-  # without a selected version, so actually run each candidate.
+supported() {  # pyproject.toml's requires-python (jax 0.11 has no wheels below 3.12)
+  "$1" -c 'import sys; assert sys.version_info[:2] >= (3, 12)' >/dev/null 2>&1
+}
+
+find_python() {
+  # QSA_PYTHON first (any supported version), then 3.12, the tested one. A pyenv
+  # shim may exist without a selected version, so actually run each candidate.
   local c
   for c in "${QSA_PYTHON:-}" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
            /usr/local/bin/python3.12 /usr/bin/python3.12; do
     [ -n "$c" ] || continue
-    if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+    if supported "$c"; then
       command -v "$c" || echo "$c"; return 0
     fi
   done
   return 1
 }
 
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-  py=$(find_python312) || { echo "error: no Python 3.12 interpreter found (set QSA_PYTHON)" >&2; exit 1; }
+# Only a venv this script made (it carries the marker) is ever replaced: QSA_VENV may
+# point at someone's own environment, and deleting that is not ours to do.
+marker="$venv/.qsa-jax-venv"
+if [ ! -x "$venv/bin/python" ] || ! supported "$venv/bin/python"; then
+  if [ -e "$venv" ] && [ ! -f "$marker" ]; then
+    echo "error: $venv exists but is not a Python >= 3.12 virtualenv made by tools/venv.sh;" \
+         "remove it yourself or set QSA_VENV to another path" >&2
+    exit 1
+  fi
+  py=$(find_python) || { echo "error: no Python >= 3.12 interpreter found (set QSA_PYTHON)" >&2; exit 1; }
   echo "creating $venv with $py" >&2
   rm -rf "$venv"
   "$py" -m venv "$venv"
+  touch "$marker"
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 fi
 

@@ -36,7 +36,8 @@ def check_compress_args(raw_keys, raw_positions, compressor_state_cache,
                    query_start_loc=query_start_loc, logical_positions=logical_positions,
                    compressed_slots=compressed_slots, **({} if rope_cache is None else {"rope_cache": rope_cache}))
     rows = int(np.size(token_to_req))
-    if not isinstance(compress_ratio, (int, np.integer)) or compress_ratio <= 0:
+    # bool is an int to Python; True as a ratio is a caller's slip, not 1.
+    if not isinstance(compress_ratio, (int, np.integer)) or isinstance(compress_ratio, bool) or compress_ratio <= 0:
         raise ValueError(f"compress_ratio must be a positive int; got {compress_ratio!r}")
     if _shape(token_to_req) != (rows,):
         raise ValueError(f"token_to_req must be [rows]; got {_shape(token_to_req)}")

@@ -95,7 +95,7 @@ def sparse_attention(
         new value does not recompile (host floats are checked and kept on the
         device per distinct value; traced values are used unchecked). Passing them
         with a bf16 cache selects 0.34.0's arithmetic but, as in 0.34.0, not their
-        values (see ``base``).
+        values; host values are still checked as for fp8 (see ``base``).
       launch: launch knobs of the implementation that runs (the same arithmetic; on the
         GPU another warp count or merge block may change last bits):
         ``qsa_jax.PallasLaunch(...)`` or ``qsa_jax.TritonLaunch(...)`` (warps, stages,

@@ -519,7 +519,8 @@ def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
     argument) and the pair is cached on the device. Traced scales (a caller's jit)
     are used as given, unchecked, and D^-0.5 * k_scale is then rounded in fp32
     rather than from float64 (at most an ulp of the scale apart). A bf16 cache
-    ignores the values, as vLLM 0.34.0 does.
+    checks host values the same way but does not use them, as vLLM 0.34.0 does not
+    (the shim, 0.34.0's drop-in, skips the check for a bf16 cache).
     """
     if not problem.scaled:
         return None
