@@ -224,6 +224,19 @@ MEASURED_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {
 TABLE_NAMES = ("vllm-0.30", "vllm-0.34")
 
 
+# The implementations compiled by Triton (Pallas through XLA's Triton, and jax-triton).
+TRITON_LOWERED = ("pallas", "triton")
+# Triton's e4m3 type (float8e4nv) needs sm_89 (Ada, Hopper and later).
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def fp8_kernels_run_here() -> bool:
+    """Whether the Triton-compiled kernels can read an fp8 cache on JAX's default device
+    (True off an NVIDIA GPU: there the registry's own checks decide)."""
+    cap = device_capability()
+    return cap is None or cap >= FP8_MIN_CAPABILITY
+
+
 @functools.lru_cache(maxsize=None)
 def device_capability() -> tuple[int, int] | None:
     """(major, minor) compute capability of JAX's default device; None off an NVIDIA GPU."""
@@ -545,7 +558,9 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     Elsewhere -- 1-4 and 25-32 programs (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling
     0.98-1.02x), vLLM's tables or an explicit ``config=`` (not
     measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
-    first of all (it names the implementation it is for).
+    first of all (it names the implementation it is for). An fp8 cache on a GPU below sm_89
+    (A100, A10: Triton has no e4m3 type there, and both kernels are Triton's) leaves only
+    XLA, so ``implementation=None`` still runs; naming a kernel there raises.
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend
 
@@ -553,6 +568,8 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
         return (name,) + tuple(n for n in order if n != name)
 
     order = DEFAULT_ORDER[backend()]
+    if problem.is_fp8 and not fp8_kernels_run_here():
+        return tuple(n for n in order if n not in TRITON_LOWERED)
     entry = measured_entry(problem)
     if entry is not None and entry.implementation in order:
         order = first(entry.implementation, order)

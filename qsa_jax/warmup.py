@@ -74,7 +74,9 @@ def warmup(
 
     Args:
       kv: the deployment's cache (fused ``[NB, Hk, P, 2D]`` or a (k, v) pair).
-      block_table: its block table (only the shape and dtype matter).
+      block_table: its block table (only the shape and dtype matter; its row count, the
+        number of requests, is part of every executable, so pass the shape the calls will
+        bring: a call with another row count compiles anew).
       num_query_heads, selection_width: H and W of the deployment.
       row_counts: row counts to compile (default ``default_row_counts``).
       implementation: as for ``sparse_attention``.

@@ -84,6 +84,22 @@ def default_reason(device: torch.device) -> str | None:
     return reason
 
 
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def reads_fp8(device: torch.device) -> bool:
+    """Whether the kernels can read an fp8 cache on ``device``: Triton's e4m3 type needs
+    sm_89 (vLLM 0.34.0 decodes the uint8 bytes itself below that; these kernels do not)."""
+    from qsa_jax.config import FP8_MIN_CAPABILITY
+
+    if device.type != "cuda":
+        return True
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _capability(index) >= FP8_MIN_CAPABILITY
+
+
 def _spec(t: torch.Tensor):
     return jax.ShapeDtypeStruct(tuple(t.shape), _JNP[t.dtype])
 

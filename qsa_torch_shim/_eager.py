@@ -259,22 +259,30 @@ def sparse_paged_attention_impl(q, k_cache, v_cache, logical_indices, block_tabl
     cache (validated), None for bf16. ``implementation="triton-torch"``: the kernels
     launched by Triton on these tensors (``_direct``); layouts they cannot read as they lie
     take the same kernels through JAX ("triton", at the tiling table the direct launch
-    uses, so both round alike), or qsa_jax's own choice where jax-triton is not installed."""
+    uses, so both round alike), or qsa_jax's own choice where jax-triton is not installed.
+    An fp8 cache below sm_89 (no e4m3 type in Triton there) takes qsa_jax's choice: XLA."""
     table = None
     if implementation == JAX_ROUTE:  # e.g. the custom op called with it directly
         implementation = None
     elif implementation == _direct.NAME:
-        result = _direct.sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req,
-                                use_prefill_config, out, output_gate, scales, J.TILING_TABLE[0])
+        fp8_unreadable = scales is not None and not _direct.reads_fp8(q.device)
+        result = None if fp8_unreadable else _direct.sparse(
+            q, k_cache, v_cache, logical_indices, block_table, token_to_req, use_prefill_config, out,
+            output_gate, scales, J.TILING_TABLE[0])
         if result is not None:
             return result
         if capturing(q.device):
             raise RuntimeError(
+                "qsa_sparse_paged_attention: an fp8 cache below compute capability 8.9 needs the JAX "
+                "route (XLA), and JAX's work cannot be captured in a CUDA graph" if fp8_unreadable else
                 "qsa_sparse_paged_attention: these tensors' layout needs the JAX route (the Triton "
                 "launch cannot read it in place), and JAX's work cannot be captured in a CUDA graph; "
                 "pass the fused cache's views or compact K/V caches, compact metadata and gate, "
                 "and q compact or a view on D-wide rows")
-        implementation = "triton" if _jax_triton_route.why_not() is None else None
+        if fp8_unreadable:
+            implementation = None  # qsa_jax.config.sparse_attention_order leaves XLA there
+        else:
+            implementation = "triton" if _jax_triton_route.why_not() is None else None
         if implementation is not None:
             table = _direct.effective_table(J.TILING_TABLE[0], k_cache.dtype)
     gate = output_gate.view_as(q)

@@ -224,6 +224,38 @@ def test_bf16_scales_are_checked_too():
         _call(case, case.kv_cache, k_scale=float("nan"), v_scale=1.0)
 
 
+def test_fp8_below_sm89_runs_xla_by_default(monkeypatch):
+    """On a GPU below sm_89 (A100: no e4m3 type in Triton) an fp8 cache with
+    implementation=None runs XLA -- the same bits as naming it -- while naming a Triton-compiled
+    kernel says why it cannot; a bf16 cache keeps the kernels first. (The GPU is simulated:
+    backend and capability patched; XLA itself runs on the CPU.)"""
+    from qsa_jax import _implementations
+    from qsa_jax.ops.sparse_attention import api
+
+    case = _case(seed=5)
+    kv = _fp8(case.kv_cache)
+    args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
+    monkeypatch.setattr(_implementations, "backend", lambda: "gpu")
+    monkeypatch.setattr(cfgmod, "device_capability", lambda: (8, 0))  # and so sm_80's fp8 table
+    api._plan.cache_clear()
+    try:
+        want = np.asarray(_call(case, kv, k_scale=0.5, v_scale=2.0)).view(np.uint16)
+        problem, name = api._plan(*args, use_prefill_config=False, config=None, implementation=None,
+                                  scales_given=(True, True))
+        assert name == "xla" and cfgmod.sparse_attention_order(problem) == ("xla",)
+        got = qsa_jax.sparse_attention(*args, k_scale=0.5, v_scale=2.0)
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint16), want)
+        with pytest.raises(NotImplementedError, match="compute capability >= 8.9"):
+            qsa_jax.sparse_attention(*args, k_scale=0.5, v_scale=2.0, implementation="pallas")
+        bf16 = api._plan(*args[:1], case.kv_cache, *args[2:], use_prefill_config=False, config=None,
+                         implementation=None)[0]
+        assert cfgmod.sparse_attention_order(bf16) == ("pallas", "triton", "xla")
+        monkeypatch.setattr(cfgmod, "device_capability", lambda: (8, 9))
+        assert cfgmod.sparse_attention_order(problem)[0] == "pallas"
+    finally:
+        api._plan.cache_clear()
+
+
 def test_dtype_errors():
     case = _case()
     kv = _fp8(case.kv_cache)

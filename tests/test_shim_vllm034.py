@@ -153,6 +153,26 @@ def test_bad_scale_values_raise_value_error_naming_the_argument(which, value, dt
     assert not launched
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8])
+def test_fp8_below_sm89_takes_the_jax_route(dtype, monkeypatch):
+    """Below sm_89 (A100: Triton has no e4m3 type; vLLM hands the cache over as uint8) the
+    default triton-torch route must not launch its kernels on an fp8 cache: it takes qsa_jax's
+    choice, which leaves XLA there. Simulated on CPU (the capability and the launch patched)."""
+    from qsa_torch_shim import _direct, _eager
+
+    kv, a, gate = _fp8_args(dtype)
+    want = _call(S.qsa_sparse_paged_attention, a, gate, None, 0.5, 2.0)  # the JAX route (xla on CPU)
+    launched = []
+    monkeypatch.setattr(_direct, "reads_fp8", lambda device: False)
+    monkeypatch.setattr(_direct, "sparse", lambda *args, **kw: launched.append(1))
+    got = _eager.sparse_paged_attention_impl(*a[:7], None, gate, _direct.NAME, (0.5, 2.0))
+    assert not launched
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    monkeypatch.setattr(_direct, "reads_fp8", lambda device: True)  # sm_89 on: the launch is tried
+    _eager.sparse_paged_attention_impl(*a[:7], None, gate, _direct.NAME, (0.5, 2.0))
+    assert launched
+
+
 def test_bf16_cache_ignores_scales_like_0_34():
     """0.34 reads the scales of an fp8 cache only; a bf16 call with any scales is the plain call."""
     case = next(c for c, _ in golden.sparse_attention_cases() if c.name == "tp1_r3_s64_full")

@@ -8,7 +8,8 @@ from typing import Sequence
 import jax
 
 from qsa_jax._implementations import REGISTRIES
-from qsa_jax.config import PallasLaunch, TritonLaunch, device_capability, sparse_attention_order
+from qsa_jax import config as _config
+from qsa_jax.config import PallasLaunch, TritonLaunch, sparse_attention_order
 from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.sparse_attention.backward import differentiable
@@ -33,12 +34,12 @@ def _plan(q, kv, logical_indices, block_table, token_to_req, output_gate, *,
     if launch is not None and launch_for != name:
         raise ValueError(f"sparse_attention: launch={launch!r} is for implementation "
                          f"{launch_for!r}, but this call runs {name!r}")
-    if problem.is_fp8 and name != "xla":
-        cap = device_capability()
-        if cap is not None and cap < (8, 9):  # Triton has no e4m3 type below sm_89
-            raise NotImplementedError(
-                f"sparse_attention: implementation {name!r} needs compute capability >= 8.9 for an "
-                f"fp8 kv cache (this GPU: {cap[0]}.{cap[1]}); use implementation='xla'")
+    if problem.is_fp8 and name in _config.TRITON_LOWERED and not _config.fp8_kernels_run_here():
+        # Only an explicit request gets here: the default order leaves XLA alone.
+        cap = _config.device_capability()
+        raise NotImplementedError(
+            f"sparse_attention: implementation {name!r} needs compute capability >= 8.9 for an "
+            f"fp8 kv cache (this GPU: {cap[0]}.{cap[1]}); use implementation='xla' or None")
     return problem, name
 
 
