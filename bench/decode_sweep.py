@@ -83,8 +83,8 @@ def main() -> int:
             kernels = summary.describe() if summary else ""
             same = "yes" if np.array_equal(first, default_bits) else "NO"
             show = lambda v: "default" if v is None else str(v)  # noqa: E731
-            lines.append(f"| {tp} | {a.kv} | {rows} | {tiling} | {show(split_warps)} | {show(block_d)} | {show(merge_warps)} | "
-                         f"{busy} | {kernels} | {same} |")
+            lines.append(f"| {tp} | {a.kv} | {rows} | {tiling} | {show(split_warps)} | {show(block_d)} | "
+                         f"{show(merge_warps)} | {busy} | {kernels} | {same} |")
             print(lines[-1], flush=True)
         del kv
     card = jax.devices()[0].device_kind

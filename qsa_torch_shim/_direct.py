@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from qsa_jax.config import FP8_MIN_CAPABILITY
 from qsa_torch_shim import _interop as I
 from qsa_torch_shim import _private_api as P
 
@@ -85,19 +86,17 @@ def default_reason(device: torch.device) -> str | None:
 
 
 @functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+def _reads_fp8_on(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= FP8_MIN_CAPABILITY
 
 
 def reads_fp8(device: torch.device) -> bool:
     """Whether the kernels can read an fp8 cache on ``device``: Triton's e4m3 type needs
-    sm_89 (vLLM 0.34.0 decodes the uint8 bytes itself below that; these kernels do not)."""
-    from qsa_jax.config import FP8_MIN_CAPABILITY
-
+    sm_89 (vLLM 0.34.0 decodes the uint8 bytes itself below that; these kernels do not).
+    Per call on the eager path: a cached answer per device index."""
     if device.type != "cuda":
         return True
-    index = torch.cuda.current_device() if device.index is None else device.index
-    return _capability(index) >= FP8_MIN_CAPABILITY
+    return _reads_fp8_on(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def _spec(t: torch.Tensor):
