@@ -198,7 +198,7 @@ def sparse_inputs(q, k_cache, v_cache, logical_indices, block_table, token_to_re
             I.import_arg(logical_indices, "logical_indices", large=False),
             I.import_arg(block_table, "block_table", large=False),
             I.import_arg(token_to_req, "token_to_req", large=False),
-            gate, None if scales is None else J.scale_arrays(scales, q))
+            gate, None if scales is None else J.scale_arrays(scales, q, q.shape[-1]))
     copied = "copied" in (q_how, gate_how) or not all(
         map(I.is_importable, (logical_indices, block_table, token_to_req))) or not (
         I.is_importable(k_cache) and I.is_importable(v_cache)

@@ -13,7 +13,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 import qsa_jax
@@ -91,27 +90,25 @@ def signal_torch(ffi_signal: bool, result):
 
 # --- sparse attention -------------------------------------------------------------------------
 
-_SCALES: dict[tuple, jax.Array] = {}
+_SCALES: dict[tuple, qsa_jax.KVScales] = {}
 
 
-def scale_arrays(scales: tuple[float, float], like) -> tuple[jax.Array, jax.Array]:
-    """(k_scale, v_scale) as float32 device scalars, cached per value and device.
+def scale_arrays(scales: tuple[float, float], like, head_dim: int) -> qsa_jax.KVScales:
+    """(k_scale, v_scale) as a ``qsa_jax.KVScales`` on ``like``'s device, cached per value.
 
     Traced, not static: a model has a scale pair per layer, and static scales
-    would compile one executable per layer and row count. Cached: a fresh
-    scalar per call would be a host-to-device copy per call.
+    would compile one executable per layer and row count. Prepared on the host:
+    the score multiplier D^-0.5 * k_scale is rounded from float64 as vLLM 0.34.0
+    rounds it (traced fp32 scales would be an ulp off for some values at D = 128).
+    Cached: a fresh operand per call would be a host-to-device copy per call.
     """
-    device = _private_api.jax_device(like)
-    found = []
-    for value in scales:
-        key = (value, device)
-        array = _SCALES.get(key)
-        if array is None:
-            if len(_SCALES) > 4096:  # bounded: scales are per layer, not per call
-                _SCALES.clear()
-            array = _SCALES[key] = jax.device_put(np.float32(value), device)
-        found.append(array)
-    return tuple(found)
+    key = (scales, head_dim, _private_api.jax_device(like))
+    found = _SCALES.get(key)
+    if found is None:
+        if len(_SCALES) > 4096:  # bounded: scales are per layer, not per call
+            _SCALES.clear()
+        found = _SCALES[key] = jax.device_put(qsa_jax.kv_scales(*scales, head_dim=head_dim), key[2])
+    return found
 
 
 # The tiling table the shim's sparse attention uses (``qsa_torch_shim.set_tiling_table``):
@@ -126,10 +123,9 @@ def _sparse(q, kv_arrays, logical_indices, block_table, token_to_req, output_gat
     kv = kv_arrays[0] if len(kv_arrays) == 1 else tuple(kv_arrays)
     # Scales only for fp8 caches: a bf16 call keeps vLLM 0.30.0's normalisation (acc / l;
     # 0.34.0 multiplies by 1 / l, at most an ulp apart -- inside the fidelity contract).
-    extra = {} if scales is None else {"k_scale": scales[0], "v_scale": scales[1]}
     return qsa_jax.sparse_attention(q, kv, logical_indices, block_table, token_to_req, output_gate,
                                     use_prefill_config=use_prefill_config, config=table,
-                                    implementation=implementation, **extra)
+                                    implementation=implementation, scales=scales)
 
 
 _STATIC = ("use_prefill_config", "implementation", "table", "ffi_fence")

@@ -185,6 +185,121 @@ def test_traced_scales_match_host_scales():
     np.testing.assert_array_equal(np.asarray(traced).view(np.uint16), host.view(np.uint16))
 
 
+# A k_scale for D = 128 whose traced multiplier (fp32 arithmetic, in either association) is an ulp
+# away from 0.34.0's float64 rounding; at D = 16 (most cases here) D^-0.5 is a power of two.
+# An ulp of the multiplier flips the bf16 output in ~1e-4 of the elements: the wide case has
+# 131072 (25 flips measured for seed 11).
+ROUNDING_K_SCALE, WIDE_D = 3.3, 128
+
+
+def _wide_case(seed):
+    return _case(seed=seed, rows=64, heads=16, head_dim=WIDE_D)
+
+
+def _traced_multiplier(k_scale, head_dim):
+    """The score multiplier a raw traced k_scale gives (fp32 arithmetic under a jit)."""
+    import jax
+
+    from qsa_jax.ops.sparse_attention import base
+
+    case = _case(head_dim=head_dim)
+    problem = _plan(case, _fp8(case.kv_cache))
+    return float(jax.jit(lambda k: base.scale_operand(problem, k, 1.0))(np.float32(k_scale))[0])
+
+
+def _plan(case, kv):
+    from qsa_jax.ops.sparse_attention import api
+
+    problem, _ = api._plan(case.q, kv, case.logical_indices, case.block_table, case.token_to_req,
+                           case.output_gate, use_prefill_config=False, config=None,
+                           implementation="xla", scales_given=(True, True))
+    return problem
+
+
+def test_prepared_scales_keep_the_host_rounding_under_jit():
+    """``kv_scales`` rounds D^-0.5 * k_scale from float64 on the host, as 0.34.0 does; passed
+    through a jit as ``scales=`` it gives the host floats' bits, where a raw traced k_scale
+    gives another multiplier at this (D, k_scale). A new value does not recompile."""
+    import jax
+
+    from qsa_jax.ops.sparse_attention import base
+
+    case = _wide_case(seed=11)
+    kv = _fp8(case.kv_cache)
+    host = _run(case, kv, "xla", k_scale=ROUNDING_K_SCALE, v_scale=V_SCALE)
+    prepared = qsa_jax.kv_scales(ROUNDING_K_SCALE, V_SCALE, head_dim=WIDE_D)
+    want = base.score_scale(WIDE_D, ROUNDING_K_SCALE)
+    assert float(prepared.operand[0]) == want and float(prepared.operand[1]) == V_SCALE
+    assert _traced_multiplier(ROUNDING_K_SCALE, WIDE_D) != want  # why ``scales`` exists
+
+    @jax.jit
+    def call(scales):
+        return qsa_jax.sparse_attention(case.q, kv, case.logical_indices, case.block_table,
+                                        case.token_to_req, case.output_gate, implementation="xla",
+                                        scales=scales)
+
+    got = np.asarray(call(prepared))
+    np.testing.assert_array_equal(got.view(np.uint16), host.view(np.uint16))
+    raw = np.asarray(jax.jit(lambda k, v: qsa_jax.sparse_attention(
+        case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        implementation="xla", k_scale=k, v_scale=v))(np.float32(ROUNDING_K_SCALE), np.float32(V_SCALE)))
+    assert (raw.view(np.uint16) != host.view(np.uint16)).any()  # the ulp shows in the output
+    compiled = call._cache_size()
+    other = np.asarray(call(qsa_jax.kv_scales(0.25, 3.0, head_dim=WIDE_D)))
+    assert call._cache_size() == compiled
+    ref = _run(case, kv, "xla", k_scale=0.25, v_scale=3.0)
+    np.testing.assert_array_equal(other.view(np.uint16), ref.view(np.uint16))
+
+
+def test_prepared_scales_gradients_match_host_scales():
+    import jax
+
+    case = _wide_case(seed=12)
+    kv = _fp8(case.kv_cache)
+
+    def loss(q, **scales):
+        out = qsa_jax.sparse_attention(q, kv, case.logical_indices, case.block_table, case.token_to_req,
+                                       case.output_gate, implementation="xla", **scales)
+        return (out.astype(np.float32) * case.output_gate.astype(np.float32)).sum()
+
+    host = jax.jit(jax.grad(lambda q: loss(q, k_scale=ROUNDING_K_SCALE, v_scale=V_SCALE)))(case.q)
+    prepared = qsa_jax.kv_scales(ROUNDING_K_SCALE, V_SCALE, head_dim=WIDE_D)
+    got = jax.jit(jax.grad(lambda q, s: loss(q, scales=s)))(case.q, prepared)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(host).view(np.uint16))
+
+
+def test_prepared_scales_with_a_bf16_cache_use_0_34_arithmetic():
+    """As with k_scale/v_scale: 0.34.0's arithmetic, not the values."""
+    case = _case(seed=13)
+    host = _run(case, case.kv_cache, "xla", k_scale=0.5, v_scale=2.0)
+    got = _run(case, case.kv_cache, "xla", scales=qsa_jax.kv_scales(3.0, 5.0, head_dim=case.head_dim))
+    np.testing.assert_array_equal(got.view(np.uint16), host.view(np.uint16))
+
+
+def test_prepared_scale_errors():
+    import jax
+
+    case = _case()
+    kv = _fp8(case.kv_cache)
+    good = qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=case.head_dim)
+    with pytest.raises(ValueError, match="either scales .* or k_scale and v_scale"):
+        _call(case, kv, scales=good, k_scale=K_SCALE)
+    with pytest.raises(TypeError, match="scales must be a qsa_jax.KVScales"):
+        _call(case, kv, scales=(K_SCALE, V_SCALE))
+    with pytest.raises(ValueError, match="prepared for head_dim 32, but q has head_dim 16"):
+        _call(case, kv, scales=qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=32))
+    with pytest.raises(ValueError, match="scales.operand must be a float32 array of shape \\(2,\\)"):
+        _call(case, kv, scales=qsa_jax.KVScales(np.ones(3, np.float32), case.head_dim))
+    with pytest.raises(ValueError, match="k_scale must be finite and > 0"):
+        qsa_jax.kv_scales(float("nan"), V_SCALE, head_dim=16)
+    with pytest.raises(ValueError, match="v_scale = 1e\\+39 is outside fp32's normal range"):
+        qsa_jax.kv_scales(K_SCALE, 1e39, head_dim=16)
+    with pytest.raises(ValueError, match="head_dim must be a positive int"):
+        qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=0)
+    with pytest.raises(TypeError, match="k_scale must be a host float"):
+        jax.jit(lambda k: qsa_jax.kv_scales(k, V_SCALE, head_dim=16))(np.float32(1.0))
+
+
 # ------------------------------------------------------------------------ argument checks
 
 

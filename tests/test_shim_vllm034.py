@@ -215,6 +215,27 @@ def test_fp8_matches_qsa_jax_on_the_same_arrays(dtype, with_out, monkeypatch):
     assert np.isfinite(to_numpy(got).astype(np.float32)).all()
 
 
+def test_fp8_score_multiplier_is_rounded_from_float64_at_d128():
+    """The shim's JAX route hands its host scales over prepared (``qsa_jax.kv_scales``): at
+    D = 128, where D^-0.5 is not a power of two, its result is qsa_jax's with host floats
+    bit for bit -- 0.34.0's float64-rounded multiplier -- where traced fp32 scales (the
+    shim before session 25) flip about 25 of these 131072 bf16 outputs at k_scale 3.3."""
+    from qsa_testing import cases as C
+
+    case = C.sparse_attention_case(np.random.default_rng(11), rows=64, num_query_heads=16,
+                                   num_kv_heads=2, head_dim=128, page_size=8, selection_blocks=10,
+                                   context_tokens=80)
+    t = lambda x: to_torch(x, "cpu")  # noqa: E731
+    kv = t(case.kv_cache).float().to(torch.float8_e4m3fn)
+    k, v = kv_views(kv, case.head_dim)
+    a = [t(case.q), k, v, t(case.logical_indices), t(case.block_table), t(case.token_to_req), False]
+    got = _call(S.qsa_sparse_paged_attention, a, t(case.output_gate), None, 3.3, 2.0)
+    kv_bytes = kv.view(torch.uint8).numpy()  # the same e4m3 codes (uint8: vLLM's own fp8 cache)
+    want = qsa_jax.sparse_attention(case.q, kv_bytes, case.logical_indices, case.block_table,
+                                    case.token_to_req, case.output_gate, k_scale=3.3, v_scale=2.0)
+    assert torch.equal(got.view(torch.int16), to_torch(np.asarray(want), "cpu").view(torch.int16))
+
+
 def test_fp8_scales_are_traced_not_compiled_in():
     """A model has a scale pair per layer: new scale values must not compile anew."""
     _, a, gate = _fp8_args()

@@ -5,6 +5,6 @@
 """
 
 from qsa_jax.ops.sparse_attention.api import sparse_attention
-from qsa_jax.ops.sparse_attention.base import StridedQuery
+from qsa_jax.ops.sparse_attention.base import KVScales, StridedQuery, kv_scales
 
-__all__ = ["StridedQuery", "sparse_attention"]
+__all__ = ["KVScales", "StridedQuery", "kv_scales", "sparse_attention"]

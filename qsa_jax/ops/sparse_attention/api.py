@@ -14,7 +14,7 @@ from qsa_jax.ops import _sharding
 from qsa_jax.ops._memo import memoised
 from qsa_jax.ops.sparse_attention.backward import differentiable
 from qsa_jax.ops.sparse_attention.base import (
-    SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table, scale_operand)
+    KVScales, SparseAttentionProblem, StridedQuery, check_sparse_attention_args, query_table, scale_operand)
 
 _REGISTRY = REGISTRIES["sparse_attention"]
 # The implementation each launch record is for.
@@ -66,6 +66,7 @@ def sparse_attention(
     implementation: str | None = None,
     k_scale=None,
     v_scale=None,
+    scales: KVScales | None = None,
     launch: PallasLaunch | TritonLaunch | None = None,
 ) -> jax.Array:
     """Gated sparse GQA over a paged bf16 or fp8 K/V cache (QSA ``qsa_sparse_paged_attention``).
@@ -97,6 +98,10 @@ def sparse_attention(
         device per distinct value; traced values are used unchecked). Passing them
         with a bf16 cache selects 0.34.0's arithmetic but, as in 0.34.0, not their
         values; host values are still checked as for fp8 (see ``base``).
+      scales: instead of k_scale and v_scale, the pair prepared on the host by
+        ``qsa_jax.kv_scales(k_scale, v_scale, head_dim=D)``: traced inside a jit like a
+        traced pair, but with 0.34.0's score multiplier bit for bit (a traced k_scale
+        rounds D^-0.5 * k_scale in fp32: an ulp off for some values at D = 128).
       launch: launch knobs of the implementation that runs (the same arithmetic; on the
         GPU another warp count or merge block may change last bits):
         ``qsa_jax.PallasLaunch(...)`` or ``qsa_jax.TritonLaunch(...)`` (warps, stages,
@@ -113,12 +118,20 @@ def sparse_attention(
     if not (config is None or isinstance(config, (str, Sequence))):
         raise TypeError(f"sparse_attention: config must be a tiling (block_n, num_warps, num_tiles, "
                         f"num_splits), a table name or None; got {type(config).__name__} {config!r}")
+    if scales is not None and (k_scale is not None or v_scale is not None):
+        raise ValueError("sparse_attention: pass either scales (a KVScales) or k_scale and v_scale, "
+                         "not both")
+    if scales is not None:
+        k_given = v_given = True
+    else:
+        k_given, v_given = k_scale is not None, v_scale is not None
     problem, name = _plan(q, kv, logical_indices, block_table, token_to_req, output_gate,
                           use_prefill_config=bool(use_prefill_config),
                           config=config if config is None or isinstance(config, str) else tuple(config),
                           implementation=implementation,
-                          scales_given=(k_scale is not None, v_scale is not None), launch=launch)
+                          scales_given=(k_given, v_given), launch=launch)
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
     arrays = (query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate)
     _sharding.check_sparse_attention(problem, *arrays)
-    return _run(*arrays, scale_operand(problem, k_scale, v_scale), problem=problem, implementation=name)
+    return _run(*arrays, scale_operand(problem, k_scale, v_scale, scales), problem=problem,
+                implementation=name)

@@ -512,18 +512,83 @@ def _scale_pair(head_dim: int, k_scale: float, v_scale: float) -> jax.Array:
         return jnp.asarray(np.array([score_scale(head_dim, k_scale), v_scale], np.float32))
 
 
-def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale):
+@jax.tree_util.register_pytree_node_class
+class KVScales:
+    """vLLM 0.34.0's k/v scales prepared on the host for a head dimension: the kernels'
+    fp32 operand ``[D^-0.5 * k_scale * log2(e), v_scale]`` with the score multiplier
+    rounded from float64, as 0.34.0 rounds it.
+
+    Made by ``kv_scales`` and passed as ``sparse_attention(..., scales=)``. A pytree whose
+    one leaf is the operand, so it can be an argument of a caller's jit (or a model's
+    state) without recompiling per value, and still give the bits host floats give.
+    Raw traced ``k_scale`` instead multiplies D^-0.5 by k_scale in fp32, one fp32 rounding
+    more: at D = 128 (D^-0.5 is not a power of two) about a quarter of k_scale values land
+    an ulp away from 0.34.0's multiplier.
+    """
+
+    __slots__ = ("operand", "head_dim")
+
+    def __init__(self, operand, head_dim: int):
+        self.operand = operand  # [2] fp32: score multiplier (base 2), output scale
+        self.head_dim = head_dim
+
+    def tree_flatten(self):
+        return (self.operand,), self.head_dim
+
+    @classmethod
+    def tree_unflatten(cls, head_dim, children):
+        return cls(children[0], head_dim)
+
+    def __repr__(self):
+        return f"KVScales(head_dim={self.head_dim}, operand={self.operand!r})"
+
+
+def kv_scales(k_scale: float, v_scale: float, *, head_dim: int) -> KVScales:
+    """``KVScales`` from host floats, checked as ``sparse_attention`` checks them (finite,
+    > 0, inside fp32's normal range with the score multiplier): ``ValueError`` or
+    ``TypeError`` naming the argument. The operand is made once per distinct triple and
+    lives on JAX's default device (``jax.device_put`` the result to move it)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim <= 0:
+        raise ValueError(f"kv_scales: head_dim must be a positive int; got {head_dim!r}")
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(f"kv_scales: {name} must be a host float (the point is rounding the "
+                            f"score multiplier from float64 on the host); got a traced value")
+    ks = check_host_scale("k_scale", k_scale, int(head_dim))
+    vs = check_host_scale("v_scale", v_scale)
+    return KVScales(_scale_pair(int(head_dim), ks, vs), int(head_dim))
+
+
+def _prepared_operand(problem: SparseAttentionProblem, scales):
+    if not isinstance(scales, KVScales):
+        raise TypeError(f"scales must be a qsa_jax.KVScales (from qsa_jax.kv_scales); got "
+                        f"{type(scales).__name__}")
+    if scales.head_dim != problem.head_dim:
+        raise ValueError(f"scales were prepared for head_dim {scales.head_dim}, but q has head_dim "
+                         f"{problem.head_dim} (the score multiplier depends on it)")
+    operand = scales.operand
+    if jnp.shape(operand) != (2,) or jnp.result_type(operand) != jnp.float32:
+        raise ValueError(f"scales.operand must be a float32 array of shape (2,); got "
+                         f"{jnp.result_type(operand)} {jnp.shape(operand)}")
+    return operand
+
+
+def scale_operand(problem: SparseAttentionProblem, k_scale, v_scale, scales=None):
     """The kernels' fp32 ``[score scale (log2 units), output scale]``, or None without scales.
 
     Host values are checked (finite, > 0; ``ValueError``/``TypeError`` naming the
     argument) and the pair is cached on the device. Traced scales (a caller's jit)
     are used as given, unchecked, and D^-0.5 * k_scale is then rounded in fp32
-    rather than from float64 (at most an ulp of the scale apart). A bf16 cache
+    rather than from float64 (at most an ulp of the scale apart; ``scales``, a
+    ``KVScales``, keeps the float64 rounding under a trace). A bf16 cache
     checks host values the same way but does not use them, as vLLM 0.34.0 does not
     (the shim, 0.34.0's drop-in, skips the check for a bf16 cache).
     """
     if not problem.scaled:
         return None
+    if scales is not None:
+        operand = _prepared_operand(problem, scales)
+        return operand if problem.is_fp8 else _scale_pair(problem.head_dim, 1.0, 1.0)
     ks, vs = check_host_scale("k_scale", k_scale, problem.head_dim), check_host_scale("v_scale", v_scale)
     d = problem.head_dim
     if not problem.is_fp8:
