@@ -580,12 +580,13 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
 
 # jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2
 # at every shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does,
-# on 4 warps for 64-wide chunks (decode, notes/triton.md) and 2 above that (H200, fp8,
-# TP1: 4.0 against 7.1 µs at 256 programs, 31.5 against 46.1 µs at 2048; session 8; bf16 not
-# timed with it, its GPU parity passed).
+# on 2 warps like the Pallas merge. Whole D: 2 against 4 warps 4.0 against 7.1 µs at 256
+# programs, 31.5 against 46.1 µs at 2048 (H200, fp8, TP1, session 8). 64-wide chunks (decode,
+# 24-192 (row, head) pairs; they had kept an early 4): 2 warps 2.4-3.4 against 2.4-4.1 µs
+# per merge, the call 0.1-4.2% faster, the same at 24 pairs (H100, fp8, session 25,
+# bench/results/nvidia-h100_2026-12-06/session25/call_a/).
 TRITON_NUM_STAGES = 2
-TRITON_MERGE_WARPS = 4
-TRITON_MERGE_WARPS_WHOLE_D = 2
+TRITON_MERGE_WARPS = 2
 
 
 def triton_prefetch(block_n: int, num_splits: int, num_warps: int) -> bool:
@@ -640,7 +641,7 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
         num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
         prefetch=triton_prefetch(cfg.block_n, cfg.num_splits, cfg.num_warps),
         merge_block_d=block_d,
-        merge_warps=TRITON_MERGE_WARPS_WHOLE_D if block_d == problem.head_dim else TRITON_MERGE_WARPS)
+        merge_warps=TRITON_MERGE_WARPS)
     return _with_override(default, problem.launch)
 
 
