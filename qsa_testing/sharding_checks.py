@@ -419,6 +419,12 @@ def _scaled_case(name, n, shape, names, rows_ax, heads_ax, fused, explicit, impl
         if problem is None and not explicit:  # the eager call goes the same way
             eager = compare(name, call(*args), want, jitted, args)
             problem = eager and "eager call: " + eager
+        if problem is None:  # the pair prepared on the host (qsa_jax.kv_scales), traced
+            prepared = (qsa_jax.kv_scales(0.5, 2.0, head_dim=case.head_dim),) + args
+            traced = jax.jit(lambda s, q, kv_, li, t2r, gate: qsa_jax.sparse_attention(
+                q, kv_, li, case.block_table, t2r, gate, config=None, implementation=implementation, scales=s))
+            found = compare(name, traced(*prepared), want, traced, prepared)
+            problem = found and "scales=KVScales: " + found
         return {"name": name, "problem": problem}
     except Exception:  # noqa: BLE001 - reported as the case's problem
         return {"name": name, "problem": traceback.format_exc(limit=4)}
