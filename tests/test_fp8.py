@@ -268,6 +268,52 @@ def test_prepared_scales_gradients_match_host_scales():
     np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(host).view(np.uint16))
 
 
+def test_prepared_scales_belong_to_the_caller():
+    """Each kv_scales call makes its own array: donating or deleting one (a jitted step that
+    donates its state) leaves later calls, and the library's own cache of host scales, whole."""
+    import jax
+
+    case = _case(seed=14)
+    kv = _fp8(case.kv_cache)
+    first = qsa_jax.kv_scales(0.75, 1.5, head_dim=case.head_dim)
+    want = _run(case, kv, "xla", scales=first)
+    jax.jit(lambda state: jax.tree.map(lambda x: x * 1, state), donate_argnums=0)({"scales": first})
+    first.operand.delete()
+    again = qsa_jax.kv_scales(0.75, 1.5, head_dim=case.head_dim)
+    np.testing.assert_array_equal(_run(case, kv, "xla", scales=again).view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(_run(case, kv, "xla", k_scale=0.75, v_scale=1.5).view(np.uint16),
+                                  want.view(np.uint16))
+
+
+def test_prepared_scales_get_their_operand_cotangent():
+    """A KVScales' cotangent is its operand's: d/d(base-2 score multiplier) and d/d(v_scale),
+    the chain rule of a traced (k_scale, v_scale) pair's through m = D^-0.5 log2(e) k_scale."""
+    import jax
+    import jax.numpy as jnp
+
+    from qsa_jax.ops.sparse_attention import base
+
+    case = _case(seed=15)
+    kv = _fp8(case.kv_cache)
+    weights = np.asarray(case.output_gate, np.float32)
+
+    def loss(**scales):
+        out = qsa_jax.sparse_attention(case.q, kv, case.logical_indices, case.block_table, case.token_to_req,
+                                       case.output_gate, implementation="xla", **scales)
+        return (out.astype(jnp.float32) * weights).sum()
+
+    prepared = qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=case.head_dim)
+    d_prepared = jax.jit(jax.grad(lambda s: loss(scales=s)))(prepared)
+    assert isinstance(d_prepared, qsa_jax.KVScales)
+    d_m, d_v = np.asarray(d_prepared.operand, np.float64)
+    d_k, d_v_traced = jax.jit(jax.grad(lambda k, v: loss(k_scale=k, v_scale=v), argnums=(0, 1)))(
+        np.float32(K_SCALE), np.float32(V_SCALE))
+    slope = case.head_dim ** -0.5 * base.LOG2_E  # dm / dk_scale
+    assert d_v != 0 and d_m != 0
+    np.testing.assert_allclose(d_v, float(d_v_traced), rtol=1e-6)
+    np.testing.assert_allclose(d_m * slope, float(d_k), rtol=1e-5)
+
+
 def test_prepared_scales_with_a_bf16_cache_use_0_34_arithmetic():
     """As with k_scale/v_scale: 0.34.0's arithmetic, not the values."""
     case = _case(seed=13)
@@ -282,20 +328,26 @@ def test_prepared_scale_errors():
     case = _case()
     kv = _fp8(case.kv_cache)
     good = qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=case.head_dim)
-    with pytest.raises(ValueError, match="either scales .* or k_scale and v_scale"):
+    with pytest.raises(ValueError, match="either scales .* or k_scale and v_scale; got scales and k_scale"):
         _call(case, kv, scales=good, k_scale=K_SCALE)
+    with pytest.raises(ValueError, match="got scales and v_scale"):
+        _call(case, kv, scales=good, v_scale=V_SCALE)
     with pytest.raises(TypeError, match="scales must be a qsa_jax.KVScales"):
         _call(case, kv, scales=(K_SCALE, V_SCALE))
     with pytest.raises(ValueError, match="prepared for head_dim 32, but q has head_dim 16"):
         _call(case, kv, scales=qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=32))
     with pytest.raises(ValueError, match="scales.operand must be a float32 array of shape \\(2,\\)"):
         _call(case, kv, scales=qsa_jax.KVScales(np.ones(3, np.float32), case.head_dim))
+    with pytest.raises(ValueError, match="scales.operand must be .* got list None None"):
+        _call(case, kv, scales=qsa_jax.KVScales([1.0, 1.0], case.head_dim))
     with pytest.raises(ValueError, match="k_scale must be finite and > 0"):
         qsa_jax.kv_scales(float("nan"), V_SCALE, head_dim=16)
     with pytest.raises(ValueError, match="v_scale = 1e\\+39 is outside fp32's normal range"):
         qsa_jax.kv_scales(K_SCALE, 1e39, head_dim=16)
-    with pytest.raises(ValueError, match="head_dim must be a positive int"):
+    with pytest.raises(ValueError, match="head_dim must be > 0"):
         qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=0)
+    with pytest.raises(TypeError, match="head_dim must be an int; got float 16.0"):
+        qsa_jax.kv_scales(K_SCALE, V_SCALE, head_dim=16.0)
     with pytest.raises(TypeError, match="k_scale must be a host float"):
         jax.jit(lambda k: qsa_jax.kv_scales(k, V_SCALE, head_dim=16))(np.float32(1.0))
 

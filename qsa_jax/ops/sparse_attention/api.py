@@ -119,8 +119,9 @@ def sparse_attention(
         raise TypeError(f"sparse_attention: config must be a tiling (block_n, num_warps, num_tiles, "
                         f"num_splits), a table name or None; got {type(config).__name__} {config!r}")
     if scales is not None and (k_scale is not None or v_scale is not None):
-        raise ValueError("sparse_attention: pass either scales (a KVScales) or k_scale and v_scale, "
-                         "not both")
+        given = " and ".join(n for n, v in (("k_scale", k_scale), ("v_scale", v_scale)) if v is not None)
+        raise ValueError(f"sparse_attention: pass either scales (a KVScales) or k_scale and v_scale; "
+                         f"got scales and {given}")
     if scales is not None:
         k_given = v_given = True
     else:

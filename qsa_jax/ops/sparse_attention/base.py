@@ -502,14 +502,19 @@ def score_scale(head_dim: int, k_scale: float) -> float:
     return float(np.float32(np.float32(head_dim ** -0.5 * k_scale) * np.float32(LOG2_E)))
 
 
+def _host_pair(head_dim: int, k_scale: float, v_scale: float) -> np.ndarray:
+    return np.array([score_scale(head_dim, k_scale), v_scale], np.float32)
+
+
 @functools.lru_cache(maxsize=1024)
 def _scale_pair(head_dim: int, k_scale: float, v_scale: float) -> jax.Array:
     # One device array per distinct (D, k_scale, v_scale): a layer's scales are constant,
     # so a call costs a dictionary lookup, not fp32 arithmetic and a host-to-device copy.
     # Made concrete even when the first call comes from inside a caller's jit: a cached
-    # tracer would leak out of that trace into every later call.
+    # tracer would leak out of that trace into every later call. Private: never handed to a
+    # caller, who could donate or delete it under every later call (``kv_scales`` makes its own).
     with jax.ensure_compile_time_eval():
-        return jnp.asarray(np.array([score_scale(head_dim, k_scale), v_scale], np.float32))
+        return jnp.asarray(_host_pair(head_dim, k_scale, v_scale))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -546,30 +551,38 @@ class KVScales:
 def kv_scales(k_scale: float, v_scale: float, *, head_dim: int) -> KVScales:
     """``KVScales`` from host floats, checked as ``sparse_attention`` checks them (finite,
     > 0, inside fp32's normal range with the score multiplier): ``ValueError`` or
-    ``TypeError`` naming the argument. The operand is made once per distinct triple and
-    lives on JAX's default device (``jax.device_put`` the result to move it)."""
-    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim <= 0:
-        raise ValueError(f"kv_scales: head_dim must be a positive int; got {head_dim!r}")
+    ``TypeError`` naming the argument. Call it once per layer, not per step: each call
+    makes a new array (the caller's to keep, donate or delete), uncommitted on JAX's default
+    device, which JAX moves to the call's device like any uncommitted argument (committed
+    with ``jax.device_put``, it must be on the device of the call's arrays)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)):
+        raise TypeError(f"kv_scales: head_dim must be an int; got {type(head_dim).__name__} {head_dim!r}")
+    if head_dim <= 0:
+        raise ValueError(f"kv_scales: head_dim must be > 0; got {head_dim!r}")
     for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
         if isinstance(value, jax.core.Tracer):
             raise TypeError(f"kv_scales: {name} must be a host float (the point is rounding the "
                             f"score multiplier from float64 on the host); got a traced value")
-    ks = check_host_scale("k_scale", k_scale, int(head_dim))
+    d = int(head_dim)
+    ks = check_host_scale("k_scale", k_scale, d)
     vs = check_host_scale("v_scale", v_scale)
-    return KVScales(_scale_pair(int(head_dim), ks, vs), int(head_dim))
+    with jax.ensure_compile_time_eval():  # concrete even when called inside a caller's jit
+        return KVScales(jnp.asarray(_host_pair(d, ks, vs)), d)
 
 
 def _prepared_operand(problem: SparseAttentionProblem, scales):
     if not isinstance(scales, KVScales):
-        raise TypeError(f"scales must be a qsa_jax.KVScales (from qsa_jax.kv_scales); got "
-                        f"{type(scales).__name__}")
+        raise TypeError(f"sparse_attention: scales must be a qsa_jax.KVScales (from qsa_jax.kv_scales); "
+                        f"got {type(scales).__name__}")
     if scales.head_dim != problem.head_dim:
-        raise ValueError(f"scales were prepared for head_dim {scales.head_dim}, but q has head_dim "
-                         f"{problem.head_dim} (the score multiplier depends on it)")
+        raise ValueError(f"sparse_attention: scales were prepared for head_dim {scales.head_dim}, but q "
+                         f"has head_dim {problem.head_dim} (the score multiplier depends on it)")
     operand = scales.operand
-    if jnp.shape(operand) != (2,) or jnp.result_type(operand) != jnp.float32:
-        raise ValueError(f"scales.operand must be a float32 array of shape (2,); got "
-                         f"{jnp.result_type(operand)} {jnp.shape(operand)}")
+    dtype, shape = getattr(operand, "dtype", None), getattr(operand, "shape", None)
+    if dtype != jnp.float32 or tuple(shape or ()) != (2,):
+        raise ValueError(f"sparse_attention: scales.operand must be a float32 array of shape (2,) "
+                         f"(make it with qsa_jax.kv_scales); got {type(operand).__name__} "
+                         f"{dtype} {shape}")
     return operand
 
 
