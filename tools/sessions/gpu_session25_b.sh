@@ -19,17 +19,18 @@
 #    with 0.34.0). Prediction: Pallas and jax-triton at (64, 33, 2, 2) within +-3% of 0.34.0 at 8
 #    and 16 programs, 5-10% faster than the table's entries at 8 programs, level at 16; error from
 #    exact 1.03-1.05x 0.30.0's (the 64-wide tiles, as at 4 programs), inside the table's 1.10x.
+# Run order: the tests first (the changed default's proof), then the timings.
 source tools/gpu_env.sh
 set -o pipefail
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 dir="$OUT/$(echo "$card" | tr 'A-Z ' 'a-z-')_$(date +%F)_decode"
+timeout -s INT 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s tests/test_fp8.py \
+  -k "gpu_fp8_parity and (TP1 or TP4)" > "$OUT/gpu_fp8.log" 2>&1
+echo "gpu fp8 tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_fp8.log" | tail -5
 timeout -s TERM 100 python3 -m bench.run --op sparse --impl original034,triton \
   --kv-dtype bf16,fp8 --rows 1,2,4,8 --trace-rows 8 --n-calls 10 --eager-calls 5 \
   --no-progress --no-plot --out "$dir" --tp TP1,TP4 > "$OUT/decode.log" 2>&1
 echo "decode grid rc=$?"; rm -f "$dir/results.partial.json"; tail -n 2 "$OUT/decode.log"
-timeout -s INT 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s tests/test_fp8.py \
-  -k "gpu_fp8_parity and (TP1 or TP4)" > "$OUT/gpu_fp8.log" 2>&1
-echo "gpu fp8 tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_fp8.log" | tail -5
 for impl in pallas triton; do
   configs=table,64/33/2/2; limit=100; [ $impl = triton ] && configs=64/33/2/2 && limit=80
   timeout -s INT $limit python3 tools/fp8_kernel_ab.py --kv-dtype bf16 --programs 8,16 \
