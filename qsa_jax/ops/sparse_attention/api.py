@@ -122,15 +122,12 @@ def sparse_attention(
         given = " and ".join(n for n, v in (("k_scale", k_scale), ("v_scale", v_scale)) if v is not None)
         raise ValueError(f"sparse_attention: pass either scales (a KVScales) or k_scale and v_scale; "
                          f"got scales and {given}")
-    if scales is not None:
-        k_given = v_given = True
-    else:
-        k_given, v_given = k_scale is not None, v_scale is not None
+    scales_given = (True, True) if scales is not None else (k_scale is not None, v_scale is not None)
     problem, name = _plan(q, kv, logical_indices, block_table, token_to_req, output_gate,
                           use_prefill_config=bool(use_prefill_config),
                           config=config if config is None or isinstance(config, str) else tuple(config),
                           implementation=implementation,
-                          scales_given=(k_given, v_given), launch=launch)
+                          scales_given=scales_given, launch=launch)
     kv_arrays = tuple(kv) if isinstance(kv, (tuple, list)) else (kv,)
     arrays = (query_table(q), kv_arrays, logical_indices, block_table, token_to_req, output_gate)
     _sharding.check_sparse_attention(problem, *arrays)
