@@ -502,16 +502,32 @@ _SESSION21 = Path(__file__).resolve().parents[1] / "bench" / "results" / "nvidia
 # Session 23 (the same H100 model): the band's boundary at 528 / 576 / 640 / 704 programs, whose
 # "table(triton)" runs record their entry and repeat one of the explicit tilings.
 _SESSION23 = _SESSION21.parent / "session23"
-SM90_FP8_ONE_FILE_AB = [(_SESSION21 / "one_split" / "ab.json", cfgmod.Tiling(32, 2, 1, 2, "triton")),
-                        (_SESSION21 / "table_change" / "low_band" / "ab.json", cfgmod.Tiling(32, 1, 1, 2, "triton")),
-                        (_SESSION23 / "call_a" / "boundary" / "ab.json", None)]
-# The entry every program count of those files had before session 21 (513 programs up).
-_FP8_ENTRY_BEFORE_SESSION21 = cfgmod.Tiling(32, 2, 1, 2, "triton")
+# Session 25 (an H100): Pallas at 0.34.0's own bf16 tiling (64, 33, 2, 2) against the table's
+# 5-8-program entry then, which the file records; counted at 8 programs only (its 16-program runs
+# confirm that band's entry, which the H200 sweep already stands behind).
+_SESSION25 = _SESSION21.parents[1] / "nvidia-h100_2026-12-06" / "session25"
+# Session 26 (the same H100 model), after the change: the band's other end, 6 programs, the new
+# entry (its "table(pallas)" run) against the old.
+_SESSION26 = _SESSION25.parent / "session26"
+# The single-file A/Bs behind sm_90 entries, per is_fp8: (file, implementation its explicit runs
+# launched, the table's entry when its "table(...)" run recorded none, the programs that count --
+# None: all --, the entry those programs had before the file).
+SM90_ONE_FILE_AB = {
+    True: [(_SESSION21 / "one_split" / "ab.json", "triton", cfgmod.Tiling(32, 2, 1, 2, "triton"), None,
+            cfgmod.Tiling(32, 2, 1, 2, "triton")),
+           (_SESSION21 / "table_change" / "low_band" / "ab.json", "triton", cfgmod.Tiling(32, 1, 1, 2, "triton"),
+            None, cfgmod.Tiling(32, 2, 1, 2, "triton")),
+           (_SESSION23 / "call_a" / "boundary" / "ab.json", "triton", None, None,
+            cfgmod.Tiling(32, 2, 1, 2, "triton"))],
+    False: [(_SESSION25 / "call_b" / "bf16_ab_pallas" / "ab.json", None, None, {8}, cfgmod.Tiling(64, 32, 4, 2)),
+            (_SESSION26 / "call_a" / "bf16_ab_6" / "ab.json", None, None, None, cfgmod.Tiling(64, 32, 4, 2))],
+}
 
 
-def _one_file_ab(path, table_then):
+def _one_file_ab(path, implementation, table_then):
     """[(programs, prefill, geometry, {tiling: x 0.34.0})] of one tools/fp8_kernel_ab.py file,
-    the runs without knobs; the "table(triton)" run counts as the entry it recorded, else as
+    the runs without knobs, explicit ones launched by ``implementation``; the "table(...)" run
+    counts as the entry it recorded, else as
     ``table_then``; where it repeats an explicit run's tiling the two must agree within 5%,
     and the explicit run's ratio counts."""
     out = []
@@ -521,12 +537,12 @@ def _one_file_ab(path, table_then):
             if run["knob"] != "off":
                 continue
             v = run["variant"]
-            if isinstance(v, str):  # the "table(triton)" run
+            if isinstance(v, str):  # the "table(pallas)" / "table(triton)" run
                 recorded = run.get("table_tiling")  # recorded by the tool since session 21
                 tiling = cfgmod.Tiling(*recorded) if recorded else table_then
                 assert tiling is not None, (path, rec["programs"], "a table run that records no entry needs table_then")
             else:
-                tiling = cfgmod.Tiling(v["block_n"], v["splits"], v["warps"], v["stages"], "triton")
+                tiling = cfgmod.Tiling(v["block_n"], v["splits"], v["warps"], v["stages"], implementation)
             merged = any("merge" in name for name in run["timing"]["by_kernel"])
             assert merged == (tiling.splits > 1), (path, rec["programs"], tiling, run["timing"]["by_kernel"])
             ratio = run["timing"]["busy_us"] / rec["original"]["busy_us"]
@@ -576,9 +592,10 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
     spread of one kernel timed twice) and faster than the entry it replaced, both as ratios
     to 0.34.0 in their own process (session 11 counts one spec, so there only "faster than
     the entry it replaced" bites), and an entry's ``pallas_warps`` is the Pallas sweep winner's
-    warps at that tiling; the other "triton" entries are the Pallas sweep's tiling. fp8 bands
-    (and both large-batch entries) with a session-21 or -23 single-file A/B (SM90_FP8_ONE_FILE_AB)
-    are within 5% of the fastest tiling there and no slower than the entry they replaced."""
+    warps at that tiling; the other "triton" entries are the Pallas sweep's tiling. Bands (and,
+    for fp8, both large-batch entries) with a single-file A/B (SM90_ONE_FILE_AB: fp8 sessions 21
+    and 23, bf16 session 25) are within 5% of the fastest tiling there and no slower than the
+    entry they replaced."""
     table = cfgmod.MEASURED_TABLES[(9, 0)][is_fp8]
     reached = set()
     band = lambda programs: next((b for b, _ in table.bands if programs <= b), None)  # noqa: E731
@@ -590,19 +607,20 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
                 assert times[got] <= 1.05 * min(times.values()) and times[got] < before, \
                     (programs, geometry, times, before)
             reached.add(band(programs))
-    if is_fp8:
-        for path, table_then in SM90_FP8_ONE_FILE_AB:
-            for programs, prefill, geometry, times in _one_file_ab(path, table_then):
-                # above LARGE_BATCH_PROGRAMS both flags' entries must be the measured winner
-                flags = {prefill, False} if programs > cfgmod.LARGE_BATCH_PROGRAMS else {prefill}
-                for flag in flags:
-                    got = cfgmod.table_tiling(programs, flag, is_fp8=True, capability=(9, 0))._replace(
-                        pallas_warps=None)
-                    where = (path.parent.name, programs, geometry, flag)
-                    assert got in times, (where, got, sorted(times))
-                    assert times[got] <= 1.05 * min(times.values()), (where, times)
-                    assert times[got] <= times.get(_FP8_ENTRY_BEFORE_SESSION21, np.inf), (where, times)
-                reached.add(band(programs))
+    for path, implementation, table_then, counted, before in SM90_ONE_FILE_AB[is_fp8]:
+        for programs, prefill, geometry, times in _one_file_ab(path, implementation, table_then):
+            if counted is not None and programs not in counted:
+                continue
+            # above LARGE_BATCH_PROGRAMS both flags' entries must be the measured winner
+            flags = {prefill, False} if programs > cfgmod.LARGE_BATCH_PROGRAMS else {prefill}
+            for flag in flags:
+                got = cfgmod.table_tiling(programs, flag, is_fp8=is_fp8, capability=(9, 0))._replace(
+                    pallas_warps=None)
+                where = (path.parent.name, programs, geometry, flag)
+                assert got in times, (where, got, sorted(times))
+                assert times[got] <= 1.05 * min(times.values()), (where, times)
+                assert times[got] <= times.get(before, np.inf), (where, times)
+            reached.add(band(programs))
     ab_bands = set(reached)
     for name in sweeps:
         for bucket in json.loads((H200_SWEEPS / name / "sweep.json").read_text())["buckets"]:
