@@ -89,7 +89,14 @@ def test_busy_table_from_records():
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     # 0.30 graph, 0.30 busy, 0.34 busy, pallas wall, pallas busy, x 0.30, x 0.34, x the faster original
     assert cells[3:11] == ["10.0", "9.0", "7.5", "19.0", "8.1", "0.90", "1.08", "1.08"] and cells[11] == ""
+    assert len(cells) == 13  # no auto traced: no auto columns
     assert report.busy_table([rec("pallas", 1e-6, None)]) == ""
+    # The library's default (--impl auto) traced: its busy time and ratio to the faster original.
+    text = report.busy_table([*res, rec("auto", 15e-6, 7.0e-6)])
+    head, rule, row = text.splitlines()[:3]
+    assert head.count("|") - 1 == rule.count("|") - 1 == 15 and head.split("|")[-3:-1] == [
+        " auto busy µs ", " auto busy × faster original "]
+    assert [c.strip() for c in row.strip("|").split("|")][13:] == ["7.0", "0.93"]
 
 
 def test_bench_index_sets_follow_the_selection_layout():
