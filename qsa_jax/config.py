@@ -159,12 +159,13 @@ VLLM_034_FP8_OVERRIDES: dict[tuple[int, int], dict[str, int]] = {(8, 0): dict(bl
 #   bench/results/nvidia-h200_2026-12-03/session6/sweep8192/): the same winner, 0.99-1.00x.
 #   use_prefill_config takes it too (0.91x the originals' prefill tiling in the grid).
 # The 5-8-program entry is vLLM 0.34.0's own tiling (64-wide tiles, 33 splits -- its 64 capped at
-# the 33 tiles of W = 2051 --, 2 warps, 2 stages) since session 25, a tiling the sweep never tried
-# there: on an H100, Pallas at it ran 1.00 / 1.00x of 0.34.0 at 8 programs (TP1 / TP4) where the
-# sweep's winner (64, 32, 4, 2) ran 1.07 / 1.08x, with the same error from exact attention
-# (bench/results/nvidia-h100_2026-12-06/session25/call_b/bf16_ab_pallas/; tests/test_fp8.py
-# holds the entry to that file). At 16 programs the same file keeps the sweep's entry
-# (0.99-1.00x against 1.03-1.04x).
+# the 33 tiles of W = 2051 --, 2 warps, 2 stages) since session 26, a tiling the sweep never tried
+# there. Measured on an H100 only (not yet confirmed on an H200): Pallas at it ran 1.00 / 1.00x
+# of 0.34.0 at 8 programs (TP1 / TP4) where the sweep's winner (64, 32, 4, 2) ran 1.07 / 1.08x,
+# with the same error from exact attention (bench/results/nvidia-h100_2026-12-06/session25/
+# call_b/bf16_ab_pallas/), and 1.00 / 0.99x against 1.08 / 1.10x at 6 programs (session26/
+# call_a/bf16_ab_6/); tests/test_fp8.py holds the entry to both files. At 16 programs session
+# 25's file keeps the sweep's entry (0.99-1.00x against 1.03-1.04x).
 H200_BF16 = _table("h200-bf16-measured",
                    [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 33, 2, 2)), (16, (16, 32, 4, 2)),
                     (32, (32, 16, 2, 2)), (64, (32, 8, 2, 3)), (128, (32, 4, 2, 3)), (256, (32, 2, 2, 3)),

@@ -33,6 +33,9 @@ def sm90(monkeypatch):
     # H200 measured table: 4 warps at 10 programs (split-K), 3 stages at 66 programs.
     ("tp1_splitk", 5, 24, 2, None, ["qsa_sparse_attention: num_stages=2 num_warps=4",
                                     "qsa_merge_splits: num_stages=1 num_warps=2"]),
+    # ... and 2 warps at 7 programs (vLLM 0.34.0's own tiling there since session 26).
+    ("tp4_split33", 7, 6, 1, None, ["qsa_sparse_attention: num_stages=2 num_warps=2",
+                                    "qsa_merge_splits: num_stages=1 num_warps=2"]),
     ("tp4_stages3", 66, 6, 1, None, ["qsa_sparse_attention: num_stages=3 num_warps=2",
                                      "qsa_merge_splits: num_stages=1 num_warps=2"]),
     # vLLM 0.30.0's one-warp entry becomes two warps on Hopper; an explicit config stays as given.

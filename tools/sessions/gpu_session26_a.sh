@@ -4,8 +4,9 @@
 # config.H200_BF16's 5-8-program band from (64, 32 splits, 4 warps, 2 stages) to vLLM 0.34.0's
 # own tiling (64, 33, 2, 2) (evidence: session25/call_b/bf16_ab_pallas/, H100: 1.00 / 1.00x of
 # 0.34.0 at 8 programs against the old entry's 1.07 / 1.08x).
-# 1. GPU parity at the changed rows (TP1 3-4 rows, TP2 3-4, TP4 5-8 hit 5-8 programs; 8 rows
-#    at TP1 is 16), every implementation, against 0.30.0 and exact. Prediction: pass.
+# 1. GPU parity at rows 3, 4 and 8 (5-8 programs: TP1 3-4 rows, TP2 and TP4 8 rows; TP2/TP4 3-4
+#    rows and TP1 8 rows are the neighbouring bands), every implementation, against 0.30.0 and
+#    exact. Prediction: pass.
 # 2. A/B, Pallas, bf16: at 6 programs (the band's other end, TP1 3 rows / TP4 6 rows) the new
 #    entry against the old; at 4 programs (band (64, 33, 8, 2), 1.01-1.02x of 0.34.0 in session
 #    24's decode) 0.34.0's tiling at 2 and 4 warps. Prediction: 6 programs new <= old (0.98-1.02x
