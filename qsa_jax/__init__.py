@@ -7,7 +7,11 @@ Public API:
   ``KVScales``: vLLM 0.34.0's fp8 scales prepared on the host, traceable).
 - ``compress_groups_with_ratio``: mean-pool groups of indexer keys (ring + raw rows).
 - ``store_cache_rows``: scatter rows into a paged cache (in place when donated).
-- ``select_config`` / ``SparseAttentionConfig``: the static tiling table.
+- ``select_config`` / ``SparseAttentionConfig``: the static tiling table;
+  ``reachable_configs``: every tiling it can pick for 1..max_rows rows.
+- ``PallasLaunch`` / ``TritonLaunch``: launch knobs (warps, stages, merge) passed as
+  ``sparse_attention(..., launch=)``.
+- ``available_implementations``: which implementations can run an operator here.
 - ``warmup`` / ``enable_persistent_cache``: compile ahead of serving, keep it on disk.
 - ``repeat_kv_heads`` / ``MeshLayoutError``: running on a device mesh (README, "On a device mesh").
 

@@ -95,7 +95,8 @@ def sparse_attention(
         required for an fp8 cache: scores use D^-0.5 * k_scale, the output is
         scaled by v_scale. They are kernel operands, not compile-time constants: a
         new value does not recompile (host floats are checked and kept on the
-        device per distinct value; traced values are used unchecked). Passing them
+        device per distinct value; traced values are used unchecked: a traced NaN, zero
+        or negative scale gives zeros or a wrong finite output, not an error). Passing them
         with a bf16 cache selects 0.34.0's arithmetic but, as in 0.34.0, not their
         values; host values are still checked as for fp8 (see ``base``).
       scales: instead of k_scale and v_scale, the pair prepared on the host by

@@ -471,7 +471,13 @@ def check_host_scale(name: str, value, head_dim: int | None = None) -> float | N
     D^-0.5 k_scale log2(e) derived from it."""
     if isinstance(value, jax.core.Tracer):
         return None
+    # float() would also take "0.5", True and a complex's real part: a real number only.
+    dtype = getattr(value, "dtype", None) if isinstance(value, (np.ndarray, np.generic, jax.Array)) else None
+    not_real = isinstance(value, (str, bytes, bool, np.bool_, complex)) or (
+        dtype is not None and not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)))
     try:
+        if not_real:
+            raise TypeError
         f = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a float; got {type(value).__name__} {value!r}") from None
