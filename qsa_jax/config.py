@@ -752,18 +752,6 @@ def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
         group_size <= TRITON_FP8_F16_DOT_ONE_SPLIT_MAX_GROUP and num_splits == 1)
 
 
-def triton_partials_f16() -> bool:
-    """Whether the jax-triton split kernel stores its per-split outputs (the partials the merge
-    weighs, each a convex combination of the selected V rows times v_scale) in fp16 instead of
-    fp32: half the bytes written by the split kernel and read by the merge, which at decode are
-    of the order of the K/V bytes (TP1 8 rows, 33 splits: 6.5 MB each way against 16.8 MB of fp8
-    K/V). fp16 keeps 11 significant bits (bf16 keeps 8), so the merged result stays within the
-    accuracy contract where the partials fit fp16's normal range; the merge computes in fp32 as
-    before. Off: an experiment (session 26) until timed, and not safe for V beyond fp16's range
-    (a bf16 cache may hold such values)."""
-    return False
-
-
 def triton_fp8_values_f16_staged() -> bool:
     """Whether the jax-triton split kernel converts an fp8 V tile to fp16 in the layout it was
     loaded in (its V_F16_STAGED; ``triton_kernels._f16_values_before_the_dot`` says how),

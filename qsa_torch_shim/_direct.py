@@ -38,7 +38,7 @@ NAME = "triton-torch"
 
 _JNP = {torch.bfloat16: jnp.bfloat16, torch.float8_e4m3fn: jnp.float8_e4m3fn, torch.uint8: jnp.uint8,
         torch.int32: jnp.int32}
-_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_TORCH = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class Routes:

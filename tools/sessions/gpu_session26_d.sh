@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 26, call d (carry .whl .cache/originals; ~300 s, any Hopper): an experiment.
+# Session 26, call d (carry .whl .cache/originals; ~300 s, any Hopper): an experiment. The knob it
+# switches existed only in commit 7cf5f74 (removed after this run): check that commit out to rerun.
 # config.triton_partials_f16 (off): the jax-triton split kernel stores its per-split outputs in
 # fp16 instead of fp32 (the merge still computes in fp32). At decode the partials are of the order
 # of the K/V bytes (TP1 8 rows, 33 splits: 6.5 MB written and read against 16.8 MB of fp8 K/V).

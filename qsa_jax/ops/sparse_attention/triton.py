@@ -108,8 +108,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
     merge_meta = dict(num_warps=launch.merge_warps, num_stages=1, HEADS=heads, D=d, NUM_SPLITS=splits,
                       BLOCK_S=next_pow2(splits), BLOCK_D=block_d)
     return LaunchPlan((rows, kv.num_kv_heads, splits), scalars, tuple(split_meta.items()), split_kernel,
-                      (((splits, rows, heads, d), "float16" if config.triton_partials_f16() else "float32"),
-                       ((splits, rows, heads), "float32")),
+                      (((splits, rows, heads, d), "float32"), ((splits, rows, heads), "float32")),
                       (rows, heads, d // block_d), tuple(merge_meta.items()))
 
 

@@ -307,8 +307,7 @@ def sparse_attention_split_kernel(
     else:
         lse = tl.where(has_values, run_max + tl.math.log2(tl.maximum(norm, 1.0e-20)), -float("inf"))
         slab = (split * num_rows + row).to(tl.int64) * HEADS + first_head
-        tl.store(o_ptr + (slab + m_idx[:, None]) * D + d_idx[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=head_ok[:, None])  # fp32, or fp16 (config.triton_partials_f16)
+        tl.store(o_ptr + (slab + m_idx[:, None]) * D + d_idx[None, :], out, mask=head_ok[:, None])
         tl.store(lse_ptr + slab + m_idx, lse, mask=head_ok)
 
 
@@ -336,7 +335,7 @@ def sparse_attention_merge_kernel(
     shifted = tl.where(any_values, lse - lse_max, -float("inf"))
     weights = tl.math.exp2(tl.where(s_ok, shifted, -float("inf")))
     total = tl.sum(weights, axis=0)
-    parts = tl.load(part_ptr + slab[:, None] * D + d_idx[None, :], mask=s_ok[:, None], other=0.0).to(tl.float32)
+    parts = tl.load(part_ptr + slab[:, None] * D + d_idx[None, :], mask=s_ok[:, None], other=0.0)
     merged = tl.sum(parts * weights[:, None], axis=0)
     merged = tl.where(total > 0, merged / total, 0.0)
     out_offsets = (row * HEADS + head) * D + d_idx
