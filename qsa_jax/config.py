@@ -164,7 +164,7 @@ VLLM_034_FP8_OVERRIDES: dict[tuple[int, int], dict[str, int]] = {(8, 0): dict(bl
 # of 0.34.0 at 8 programs (TP1 / TP4) where the sweep's winner (64, 32, 4, 2) ran 1.07 / 1.08x,
 # with the same error from exact attention (bench/results/nvidia-h100_2026-12-06/session25/
 # call_b/bf16_ab_pallas/), and 1.00 / 0.99x against 1.08 / 1.10x at 6 programs (session26/
-# call_a/bf16_ab_6/); tests/test_fp8.py holds the entry to both files. At 16 programs session
+# call_a/bf16_ab_6/); tests/test_config.py holds the entry to both files. At 16 programs session
 # 25's file keeps the sweep's entry (0.99-1.00x against 1.03-1.04x).
 H200_BF16 = _table("h200-bf16-measured",
                    [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 33, 2, 2)), (16, (16, 32, 4, 2)),
@@ -176,7 +176,7 @@ H200_BF16 = _table("h200-bf16-measured",
 # --kv-dtype fp8`` beside vLLM 0.34.0 (the only original with fp8), same eligibility rule
 # against 0.34.0's error. Every bucket measured: 64, 256, 1024-4096 programs in
 # bench/results/nvidia-h200_2026-12-03/session6/fp8_sweep/, 1-32, 128 and 512 in
-# session7/fp8_sweep_small/ (tests/test_fp8.py checks each Pallas entry against those winners;
+# session7/fp8_sweep_small/ (tests/test_config.py checks each Pallas entry against those winners;
 # the per-bucket ratios below are those Pallas winners', some since replaced by "triton" entries).
 # One warp wins from 256 programs. Likely why: with 2 warps the fp8 kernel issued 498M
 # instructions against 0.34.0's 303M at 1 warp, with half the issue slots busy and 42% of
