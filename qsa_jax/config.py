@@ -196,7 +196,13 @@ H200_BF16 = _table("h200-bf16-measured",
 # the tiling is the gain; the "triton" tag keeps 0.34.0's own kernel launch and rounding.
 H200_FP8 = _table("h200-fp8-measured",
                   [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 33, 2, 2, "triton")),
-                   (16, (64, 33, 2, 2, "triton")), (24, (64, 33, 2, 2, "triton")), (32, (32, 16, 2, 2)),
+                   (16, (64, 33, 2, 2, "triton")), (24, (64, 33, 2, 2, "triton")),
+                   # 25-32 (session 26, H100, bench/results/nvidia-h100_2026-12-06/session26/
+                   # call_g/): the entry was the Pallas sweep's (32, 16, 2 warps), which jax-triton,
+                   # and with it the shim's default route for fp8 (triton-torch), ran at 1.19-1.31x
+                   # of 0.34.0; at one warp (0.34.0's own tiling) jax-triton ran 0.99 / 0.91x
+                   # (TP1 / TP4) against Pallas's 0.95 / 1.00x at 2 warps, which Pallas keeps.
+                   (32, (32, 16, 1, 2, "triton", 2)),
                    # 33-128: the Pallas sweep's winners were these tilings at 2 warps
                    # (1 warp spills in Pallas, session 8), which Pallas keeps.
                    (64, (32, 8, 1, 2, "triton", 2)), (128, (32, 4, 1, 2, "triton", 2)),
@@ -539,7 +545,7 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
     where the measured table's entry for this call names an implementation
     (``Tiling.implementation``; today ``H200_FP8``'s "triton" at 5-24 programs and at every
-    one-warp entry, 33 programs up, the prefill flag included): that one comes first.
+    one-warp entry, 25 programs up, the prefill flag included): that one comes first.
 
     Why jax-triton at one warp (notes/pallas.md "Session 8"): there the Pallas fp8 kernel,
     compiled by XLA's bundled Triton, gives each of a tile's 48 async copies its own
