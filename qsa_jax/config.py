@@ -185,9 +185,10 @@ H200_BF16 = _table("h200-bf16-measured",
 # 128 1.07-1.10x, 256 1.22-1.36x, 512 1.32-1.39x, 1024-2048 1.28-1.42x, 4096 1.06-1.11x
 # (0.34.0's table launched by this project, same day: 1.48-1.56x at TP1 256-2048 rows).
 # Where an entry names "triton", the jax-triton kernels run it (sparse_attention_order says
-# why and what they measured): every one-warp entry (33 programs up: sessions 8-9 from 129,
+# why and what they measured): every one-warp entry (25 programs up: sessions 8-9 from 129,
 # session 11 at 0.34.0's tiling for 33-128 and 257-512,
-# bench/results/nvidia-h200_2026-12-04/session11/call_a/fp8_original_tiling/), and
+# bench/results/nvidia-h200_2026-12-04/session11/call_a/fp8_original_tiling/, session 26 for
+# 25-32, on an H100), and
 # 5-24 programs at 0.34.0's own tiling (64-wide tiles, 2 warps, 2 stages; 33 splits, which is
 # 0.34.0's 64 capped at the 33 tiles of W = 2051, so the same launch while W <= 2112), which
 # there measured 0.99-1.06x of 0.34.0 against the Pallas winners' 1.06-1.22x in one run
