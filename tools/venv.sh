@@ -8,6 +8,14 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${QSA_VENV:-$root/.venv}
 extras=${1:-}
+# "gpu" among the extras: JAX's cuda13 plugin where an NVIDIA GPU answers, nothing elsewhere
+# (demo.sh and test.sh ask for it, so the GPU tests and the benchmark see the GPU).
+case ",$extras," in *,gpu,*)
+  extras=$(echo ",$extras," | sed 's/,gpu,/,/; s/^,//; s/,$//')
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    extras="${extras:+$extras,}cuda13"
+  fi;;
+esac
 constraints=${QSA_CONSTRAINTS-$root/tools/constraints.txt}
 
 supported() {  # pyproject.toml's requires-python (jax 0.11 has no wheels below 3.12)

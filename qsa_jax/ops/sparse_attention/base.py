@@ -472,15 +472,16 @@ def check_host_scale(name: str, value, head_dim: int | None = None) -> float | N
     if isinstance(value, jax.core.Tracer):
         return None
     # float() would also take "0.5", True and a complex's real part: a real number only.
-    dtype = getattr(value, "dtype", None) if isinstance(value, (np.ndarray, np.generic, jax.Array)) else None
-    not_real = isinstance(value, (str, bytes, bool, np.bool_, complex)) or (
-        dtype is not None and not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)))
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        real = jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer)
+    else:
+        real = not isinstance(value, (str, bytes, bool, complex))
     try:
-        if not_real:
-            raise TypeError
-        f = float(value)
+        f = float(value) if real else None
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a float; got {type(value).__name__} {value!r}") from None
+        f = None
+    if f is None:
+        raise TypeError(f"{name} must be a float; got {type(value).__name__} {value!r}")
     return _checked_scale(name, f, head_dim)
 
 
