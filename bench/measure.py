@@ -23,8 +23,9 @@ from bench.records import AUTO, ORIGINALS, SHIMS, Case, CaseResult, Check, Rates
 # Implementations called with torch tensors (everything else is called through qsa_jax).
 TORCH_IMPLS = (*ORIGINALS, *SHIMS)
 # Implementations whose busy time a profiler trace takes (``--trace-rows``), and the runs
-# of the timed unit it traces.
-TRACED_IMPLS = (*ORIGINALS, "pallas", "triton", AUTO)
+# of the timed unit it traces. The shims too (session 27): their busy time puts the same
+# kernels under torch's launch beside JAX's, on the same fresh input sets.
+TRACED_IMPLS = (*ORIGINALS, *SHIMS, "pallas", "triton", AUTO)
 TRACE_RUNS = 3
 
 
@@ -213,6 +214,14 @@ def torch_measure(ctx: Context, case: Case, draft: Draft, calls: list, fetch):
             t.update(timing.torch_loop_time(
                 calls, reason="the shim is timed eagerly: its JAX route cannot be captured in a torch CUDA "
                               "graph (its default CUDA route, triton-torch, could: --shim-graph tries)"))
+        if ctx.traced(case) and "busy_s" not in t:  # a shim not in a graph: its eager loop, whose
+            # launch gaps busy time leaves out
+
+            def run_once():
+                for call in calls:
+                    call()
+
+            record_busy(draft, run_once, len(calls), sync)
     msgs = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     if msgs:
         draft.warnings = tuple(msgs[:5])

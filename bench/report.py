@@ -163,22 +163,21 @@ def _by_case(results: Sequence[CaseResult], keep) -> dict:
 
 def busy_table(results: Sequence[CaseResult]) -> str:
     """Per case with a trace: the original's graph and busy time, pallas/triton wall and busy time
-    and busy-time ratio to the original ('' when the run took no trace); where the run traced the
-    library's default (``--impl auto``), two more columns: its busy time and its ratio to the
-    faster original."""
+    and busy-time ratio to the original ('' when the run took no trace); then two columns, busy
+    time and its ratio to the faster original, for each of the library's default (``--impl
+    auto``) and the shims that the run traced."""
     by_case = _by_case(results, lambda r: r.timing.busy_s)
     if not by_case:
         return ""
-    with_auto = any(v.get(AUTO) is not None for v in by_case.values())
+    extra = [impl for impl in (AUTO, *SHIMS) if any(v.get(impl) is not None for v in by_case.values())]
     head = ("| op | where | rows | 0.30.0 graph µs | 0.30.0 busy µs | 0.34.0 busy µs | pallas wall µs "
             "| pallas busy µs | pallas busy × 0.30.0 | × 0.34.0 | × faster original | triton busy µs "
             "| triton busy × 0.30.0 |")
-    if with_auto:
-        head += " auto busy µs | auto busy × faster original |"
-    lines = [head, "|" + "---|" * (15 if with_auto else 13)]
+    head += "".join(f" {impl} busy µs | {impl} busy × faster original |" for impl in extra)
+    lines = [head, "|" + "---|" * (13 + 2 * len(extra))]
     none = Timing()
     for (op, geo, n, flag), v in by_case.items():
-        o, p, t, a = (v.get(impl, none) for impl in ("original", "pallas", "triton", AUTO))
+        o, p, t = (v.get(impl, none) for impl in ("original", "pallas", "triton"))
         ob, ob34 = o.busy_s, v.get("original034", none).busy_s
         fastest = min(x for x in (ob, ob34, float("inf")) if x)
         ratio = lambda x, base=ob: f"{x / base:.2f}" if (base and x and base != float("inf")) else ""  # noqa: E731
@@ -186,8 +185,9 @@ def busy_table(results: Sequence[CaseResult]) -> str:
                 f"| {_us(ob)} | {_us(ob34)} | {_us(p.device_s)} | {_us(p.busy_s)} "
                 f"| {ratio(p.busy_s)} | {ratio(p.busy_s, ob34)} "
                 f"| {ratio(p.busy_s, fastest)} | {_us(t.busy_s)} | {ratio(t.busy_s)} |")
-        if with_auto:
-            line += f" {_us(a.busy_s)} | {ratio(a.busy_s, fastest)} |"
+        for impl in extra:
+            b = v.get(impl, none).busy_s
+            line += f" {_us(b)} | {ratio(b, fastest)} |"
         lines.append(line)
     return "\n".join(lines)
 

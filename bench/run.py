@@ -77,8 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--shim-graph", action="store_true",
                    help="try to capture the shim in a CUDA graph (default: time it as an eager loop)")
     p.add_argument("--trace-rows", type=int,
-                   help="also take a profiler trace (kernel busy time per call) of the original, pallas and "
-                        "triton cases with at most this many rows (default: 64 on a GPU, 0 = none on CPU, "
+                   help="also take a profiler trace (kernel busy time per call) of the originals, pallas, triton, "
+                        "auto and shim cases with at most this many rows (default: 64 on a GPU, 0 = none on CPU, "
                         "where the trace holds no kernels)")
     p.add_argument("--out", help="output folder (default bench/results/<card-slug>_<date>)")
     p.add_argument("--no-plot", action="store_true")

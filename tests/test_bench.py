@@ -97,6 +97,44 @@ def test_busy_table_from_records():
     assert head.count("|") - 1 == rule.count("|") - 1 == 15 and head.split("|")[-3:-1] == [
         " auto busy µs ", " auto busy × faster original "]
     assert [c.strip() for c in row.strip("|").split("|")][13:] == ["7.0", "0.93"]
+    # A traced shim (session 27: the same kernels under torch's launch) adds its own pair after
+    # auto's; a shim traced in no case adds none.
+    text = report.busy_table([*res, rec("auto", 15e-6, 7.0e-6), rec("shim-tt", 16e-6, 7.7e-6),
+                              rec("shim-jax", 30e-6, None)])
+    head, rule, row = text.splitlines()[:3]
+    assert head.count("|") - 1 == rule.count("|") - 1 == 17 and head.split("|")[-3:-1] == [
+        " shim-tt busy µs ", " shim-tt busy × faster original "]
+    assert [c.strip() for c in row.strip("|").split("|")][13:] == ["7.0", "0.93", "7.7", "1.03"]
+
+
+def test_shim_busy_time_is_traced_over_its_eager_loop(monkeypatch):
+    """A shim timed as an eager loop (no ``--shim-graph``) still gets a trace when the case is
+    traced: its run is every call once, in order, synchronised after (session 27: the shim's
+    busy time beside JAX's on the same fresh sets). Untraced rows take no trace."""
+    pytest.importorskip("torch")
+    from bench import measure
+
+    traced_runs = []
+
+    def fake_record_busy(draft, run_once, calls_per_run, wait):
+        before = len(made)
+        run_once()
+        traced_runs.append((made[before:], calls_per_run))
+        draft.timing["busy_s"] = 1e-6
+
+    monkeypatch.setattr(measure, "record_busy", fake_record_busy)
+    monkeypatch.setattr(measure.timing, "eager_latency", lambda calls, sync, count: {"eager_s": 1e-5})
+    monkeypatch.setattr(measure.timing, "torch_loop_time", lambda calls, reason: {"device_s": 2e-6})
+    made = []
+    calls = [lambda i=i: made.append(i) for i in range(3)]
+    ctx = measure.Context(gpu=True, n_calls=3, eager_calls=1, trace_rows=8, shim_graph=False, copy_gbps=1.0,
+                          seed=0, geometries={}, torch_modules={}, say=print)
+    for rows, want in ((8, [([0, 1, 2], 3)]), (9, [])):
+        traced_runs.clear()
+        draft = measure.Draft()
+        case = Case("sparse_attention", rows, "shim-tt", tp="TP1", kv_dtype="fp8", use_prefill_config=False)
+        measure.torch_measure(ctx, case, draft, calls, fetch=lambda x: x)
+        assert traced_runs == want and ("busy_s" in draft.timing) == bool(want)
 
 
 def test_bench_index_sets_follow_the_selection_layout():
