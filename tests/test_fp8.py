@@ -781,25 +781,11 @@ def _interpret_034_main() -> int:
 CONTEXT = 65536
 POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}
 # Chosen so that every distinct tiling of the sm_90 fp8 table runs at some geometry (session 27;
-# test_gpu_fp8_parity_rows_reach_every_sm90_fp8_tiling): 2 rows are TP1's 4 programs (8 warps),
+# tests/test_config.py checks it): 2 rows are TP1's 4 programs (8 warps),
 # 32 rows TP2/TP4's 25-32-program one-warp jax-triton entry (session 26), 64 rows TP1's 65-128
 # programs, 264 rows TP1's 513-528 programs (2 splits, the last band before one split).
 GPU_ROWS = (1, 2, 16, 32, 64, 264, 2048)
 SAMPLED_ROWS = 24  # rows per case compared with exact attention (float64 on the host)
-
-
-def test_gpu_fp8_parity_rows_reach_every_sm90_fp8_tiling():
-    """The GPU parity below runs GPU_ROWS at TP1, TP2 and TP4 (rows x KV heads programs): every
-    distinct entry of the sm_90 fp8 table (its tiling, the kernel it names and Pallas's own warps)
-    must be chosen by at least one of them, so that a table change is always checked on the GPU
-    against 0.34.0 and exact attention."""
-    from qsa_jax import arg_specs
-
-    want = {t for _, t in cfgmod.H200_FP8.bands} | {cfgmod.H200_FP8.large_decode}
-    reached = {cfgmod.table_tiling(rows * arg_specs.GEOMETRIES[tp].num_kv_heads, False, is_fp8=True,
-                                   capability=(9, 0))
-               for tp in ("TP1", "TP2", "TP4") for rows in GPU_ROWS}
-    assert want <= reached, sorted(map(str, want - reached))
 
 
 def _exact_rows(case, k_pages, v_pages, rows, k_scale, v_scale):
