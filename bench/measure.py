@@ -198,24 +198,27 @@ def torch_measure(ctx: Context, case: Case, draft: Draft, calls: list, fetch):
         got = fetch(calls[0]())
         t["first_call_s"] = time.perf_counter() - t0
         t.update(timing.eager_latency(calls, sync, count=ctx.eager_calls))
+        graphed = False
         if impl in ORIGINALS or ctx.shim_graph:
             try:
                 t.update(timing.torch_graph_time(calls))
-                if ctx.traced(case):
-                    graph = timing.torch_graph(calls)
-                    record_busy(draft, graph.replay, len(calls), sync)
-                    del graph
+                graphed = True
             except Exception as exc:
                 if impl in ORIGINALS:
                     raise
                 torch.cuda.synchronize()
                 t.update(timing.torch_loop_time(calls, reason=f"graph capture failed: {exc!r}"[:200]))
+            if graphed and ctx.traced(case):
+                # Its own step: a failed trace must not turn a good graph time into a loop's.
+                graph = timing.torch_graph(calls)
+                record_busy(draft, graph.replay, len(calls), sync)
+                del graph
         else:
             t.update(timing.torch_loop_time(
                 calls, reason="the shim is timed eagerly: its JAX route cannot be captured in a torch CUDA "
                               "graph (its default CUDA route, triton-torch, could: --shim-graph tries)"))
-        if ctx.traced(case) and "busy_s" not in t:  # a shim not in a graph: its eager loop, whose
-            # launch gaps busy time leaves out
+        if impl in SHIMS and not graphed and ctx.traced(case):
+            # A shim timed as an eager loop: busy time leaves the loop's launch gaps out.
 
             def run_once():
                 for call in calls:

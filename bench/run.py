@@ -38,11 +38,14 @@ METHOD = {
                    "JAX: one jitted function making the N calls in sequence (optimization barriers "
                    "chain each call after the previous one), dispatched back to back, wall clock; "
                    "both divided by N. The shim (every route; its JAX route cannot be captured in a torch "
-                   "graph): N eager calls launched back to back, CUDA events, divided by N",
+                   "graph): N eager calls launched back to back, CUDA events, divided by N; with "
+                   "--shim-graph a CUDA graph where the capture succeeds",
     "busy": "GPU busy time per call from a profiler trace (CUPTI, via jax.profiler; bench.kernel_trace): "
             "the sum of the durations of every kernel the GPU ran during 3 runs of the timed unit "
-            "(graph replays / executions), divided by the calls; free of host launch gaps. Taken for "
-            "original, pallas and triton where rows <= --trace-rows",
+            "(graph replays / executions / a shim's eager loop), divided by the calls; free of host "
+            "launch gaps. Taken for the originals, pallas, triton, auto and the shims where rows <= "
+            "--trace-rows; a shim's includes any kernel of its own route (a fill or copy), "
+            "busy_kernels_us names each",
     "eager": "median wall time of one call from Python followed by a device synchronisation "
              "(torch.cuda.synchronize / block_until_ready), rotating through the input sets",
     "check": "first call of each case against the original (or, without one, the float64 oracle "

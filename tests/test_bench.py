@@ -107,34 +107,58 @@ def test_busy_table_from_records():
     assert [c.strip() for c in row.strip("|").split("|")][13:] == ["7.0", "0.93", "7.7", "1.03"]
 
 
-def test_shim_busy_time_is_traced_over_its_eager_loop(monkeypatch):
-    """A shim timed as an eager loop (no ``--shim-graph``) still gets a trace when the case is
-    traced: its run is every call once, in order, synchronised after (session 27: the shim's
-    busy time beside JAX's on the same fresh sets). Untraced rows take no trace."""
+@pytest.mark.parametrize("impl, shim_graph, capture_ok, want", [
+    ("shim-tt", False, True, "loop"),  # no --shim-graph: the eager loop is traced
+    ("shim-tt", True, True, "graph"),  # captured: the graph's replays, once
+    ("shim-tt", True, False, "loop"),  # capture failed: the loop's time, and the loop traced
+    ("original", False, True, "graph"),  # an original: always its graph, never the loop
+])
+def test_torch_side_busy_time_is_traced_once(monkeypatch, impl, shim_graph, capture_ok, want):
+    """torch_measure traces each traced torch-side case exactly once (session 27): the graph it
+    timed, or, for a shim not in a graph, its eager loop (every call once, in order), even when
+    the graph's trace comes back empty; the device time keeps its own method. Untraced rows take
+    no trace."""
     pytest.importorskip("torch")
     from bench import measure
 
-    traced_runs = []
+    traced = []
 
     def fake_record_busy(draft, run_once, calls_per_run, wait):
         before = len(made)
         run_once()
-        traced_runs.append((made[before:], calls_per_run))
-        draft.timing["busy_s"] = 1e-6
+        kind = "graph" if run_once == replay else "loop"
+        traced.append((kind, made[before:], calls_per_run))
+        if kind == "loop":  # a graph's trace finds no kernel here (as without CUPTI): no busy time
+            draft.timing["busy_s"] = 1e-6
 
+    def graph_time(calls):
+        if not capture_ok:
+            raise RuntimeError("capture refused")
+        return {"device_s": 1e-6, "method": "graph"}
+
+    replay = lambda: made.extend(["replay"])  # noqa: E731
     monkeypatch.setattr(measure, "record_busy", fake_record_busy)
     monkeypatch.setattr(measure.timing, "eager_latency", lambda calls, sync, count: {"eager_s": 1e-5})
-    monkeypatch.setattr(measure.timing, "torch_loop_time", lambda calls, reason: {"device_s": 2e-6})
+    monkeypatch.setattr(measure.timing, "torch_loop_time", lambda calls, reason: {"device_s": 2e-6, "method": "loop"})
+    monkeypatch.setattr(measure.timing, "torch_graph_time", graph_time)
+    monkeypatch.setattr(measure.timing, "torch_graph", lambda calls: type("G", (), {"replay": staticmethod(replay)}))
+    monkeypatch.setattr("torch.cuda.synchronize", lambda: None)
     made = []
     calls = [lambda i=i: made.append(i) for i in range(3)]
-    ctx = measure.Context(gpu=True, n_calls=3, eager_calls=1, trace_rows=8, shim_graph=False, copy_gbps=1.0,
+    ctx = measure.Context(gpu=True, n_calls=3, eager_calls=1, trace_rows=8, shim_graph=shim_graph, copy_gbps=1.0,
                           seed=0, geometries={}, torch_modules={}, say=print)
-    for rows, want in ((8, [([0, 1, 2], 3)]), (9, [])):
-        traced_runs.clear()
+    for rows, traced_want in ((8, True), (9, False)):
+        traced.clear()
         draft = measure.Draft()
-        case = Case("sparse_attention", rows, "shim-tt", tp="TP1", kv_dtype="fp8", use_prefill_config=False)
+        case = Case("sparse_attention", rows, impl, tp="TP1", kv_dtype="fp8", use_prefill_config=False)
         measure.torch_measure(ctx, case, draft, calls, fetch=lambda x: x)
-        assert traced_runs == want and ("busy_s" in draft.timing) == bool(want)
+        assert draft.timing["method"] == want
+        if not traced_want:
+            assert traced == []
+        elif want == "graph":
+            assert traced == [("graph", ["replay"], 3)]
+        else:
+            assert traced == [("loop", [0, 1, 2], 3)]
 
 
 def test_bench_index_sets_follow_the_selection_layout():

@@ -315,25 +315,26 @@ def test_tables_match_034_originals(cap, monkeypatch):
 
 @pytest.mark.parametrize("is_fp8", [False, True])
 def test_gpu_parity_rows_reach_every_sm90_tiling(is_fp8):
-    """The GPU parity tests run their rows at TP1, TP2 and TP4 (rows x KV heads programs; the
-    prefill flag too above 2048 programs, as they do): every distinct entry of the sm_90 table
-    (its tiling, the kernel it names and Pallas's own warps) must be chosen by one of them, so a
-    table change is always checked on the GPU against the originals and exact attention
-    (session 27: the fp8 rows missed 3 of 10 entries, among them the 25-32-program one).
-    bf16: tests/test_gpu_parity.py's ROWS; fp8: tests/test_fp8.py's GPU_ROWS."""
+    """The GPU parity tests run their rows at TP1, TP2 and TP4 (rows x KV heads programs): every
+    distinct entry of the sm_90 table (its tiling, the kernel it names and Pallas's own warps)
+    must be chosen by one of them, so that a table change is checked on the GPU against the
+    originals and exact attention (session 27: the fp8 rows had missed 4 of 9 entries).
+    bf16: tests/test_gpu_parity.py's DEFAULT_ROWS, with the prefill flag too above 2048
+    programs as that test runs it; fp8: tests/test_fp8.py's GPU_ROWS, without the flag (its
+    parity test never sets it, so the table's prefill entry must equal the decode one)."""
     from qsa_jax import arg_specs
 
     if is_fp8:
         from test_fp8 import GPU_ROWS as rows_run
-        table = cfgmod.H200_FP8
+        table, flags_above_2048 = cfgmod.H200_FP8, (False,)
     else:
-        from test_gpu_parity import ROWS as rows_run
-        table = cfgmod.H200_BF16
+        from test_gpu_parity import DEFAULT_ROWS as rows_run
+        table, flags_above_2048 = cfgmod.H200_BF16, (False, True)
     want = {t for _, t in table.bands} | {table.large_decode, table.large_prefill}
     reached = set()
     for tp in ("TP1", "TP2", "TP4"):
         for rows in rows_run:
             programs = rows * arg_specs.GEOMETRIES[tp].num_kv_heads
-            for flag in (False, True) if programs > 2048 else (False,):
+            for flag in flags_above_2048 if programs > 2048 else (False,):
                 reached.add(cfgmod.table_tiling(programs, flag, is_fp8=is_fp8, capability=(9, 0)))
     assert want <= reached, sorted(map(str, want - reached))
