@@ -108,3 +108,24 @@ def test_backward_gather_probe_runs_on_cpu(tmp_path):
     assert res.stdout.count("max relative difference from NumPy") == 2
     table = (tmp_path / "gather_probe.md").read_text()
     assert "dK/dV kernel" in table and table.count("gather probe") == 2
+
+
+def test_ptxas_ab_runs_one_launch():
+    """tools/ptxas_ab.py (session 27: one PTX through two ptxas releases) compiles the split
+    kernel at a table launch and compares the two listings; with Triton's own ptxas on both
+    sides they must agree line for line."""
+    pytest.importorskip("triton")
+    res = subprocess.run([sys.executable, "tools/ptxas_ab.py", "--ptxas", _triton_ptxas(), "--rows", "TP4:32"],
+                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    row = [line for line in res.stdout.splitlines() if line.startswith("| TP4 | 32 |")]
+    assert len(row) == 1, res.stdout
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert cells[2] == "32/16/1/2" and cells[6] == "0" and cells[7] == "yes", cells  # sm_90's 25-32 entry
+
+
+def _triton_ptxas() -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Prepared in session 27 for the next lent GPU (any H100/H200; carry .whl .cache/originals;
+# <= 300 s): bash tools/sessions/gpu_next_h.sh
+# Session 27 found the JAX route's split kernel 1-4% slower than the same PTX launched by torch
+# at TP1 fp8 decode (H100), and on the CPU (`tools/ptxas_ab.py`, `session27/ptxas_ab_cpu.md`) that
+# Triton's bundled ptxas (12.8) and CUDA 13.0's schedule 572 of 3584 SASS lines of TP1's 16-64-row
+# launches differently (same instructions), 0 lines at TP1 4-8 and 1024 rows, 2-28 at TP4 8-64.
+# jaxlib assembles jax-triton's PTX with XLA's assembler (13.0 here); Triton's launcher with 12.8.
+# The causal test, in ONE process on the same fresh sets, rounds in turn: the shim's triton-torch
+# route assembled by Triton's ptxas and by /usr/local/cuda-13.0's (TRITON_PTXAS_PATH, the kernel
+# caches cleared between), JAX's route (auto), and 0.34.0. Prediction: at TP1 16 / 32 / 64 rows
+# torch-on-13.0 within 1% of JAX's and both 2-4% above torch-on-12.8; at TP1 8 and 1024 rows (no
+# SASS difference) all three within 1%. The cubins' hashes are printed per variant, to show the
+# two torch variants really differ where ptxas_ab says they should.
+source tools/gpu_env.sh
+set -o pipefail
+SYS_PTXAS=${SYS_PTXAS:-/usr/local/cuda-13.0/bin/ptxas}
+SYS_PTXAS="$SYS_PTXAS" timeout 280 python3 - > "$OUT/ptxas_causal.log" 2>&1 <<'PY'
+import hashlib, os
+import jax, torch
+import qsa_jax
+import qsa_torch_shim as S
+from qsa_torch_shim import _direct
+from qsa_jax.ops.sparse_attention import triton_kernels as K
+from bench import hopper_sweep as hs, inputs, kernel_trace
+from bench.timing import sequential_calls
+from qsa_testing import originals
+
+os.environ["TRITON_CACHE_DIR"] = ""  # no disk cache: its key holds the first ptxas's version only
+mods = {"0.34.0": originals.load("0.34.0")}
+sync = lambda _: torch.cuda.synchronize()
+sys_ptxas = os.environ["SYS_PTXAS"]
+
+
+def use_ptxas(path):
+    """Triton's launcher assembles with ``path`` (None: its bundled ptxas) from the next compile."""
+    if path is None:
+        os.environ.pop("TRITON_PTXAS_PATH", None)
+    else:
+        os.environ["TRITON_PTXAS_PATH"] = path
+    _direct._SIGNATURES.clear()
+    for fn in (K.sparse_attention_split_kernel, K.sparse_attention_merge_kernel):
+        fn.device_caches.clear()
+
+
+def cubin_hash():
+    for entry in _direct._SIGNATURES.values():
+        if entry and entry[3] is not None:
+            for ck, _ in (entry[3][0].compiled or {}).values():
+                return hashlib.md5(ck.asm["cubin"]).hexdigest()[:10]
+
+
+for geo_name, rows in (("TP1", 8), ("TP1", 16), ("TP1", 32), ("TP1", 64), ("TP1", 1024), ("TP4", 32)):
+    geo = inputs.geometry(geo_name, cpu=False, pool_gb=2.0)
+    pools = {geo_name: (geo,) + inputs.make_pool(geo, gpu=True, seed=11, fp8=True)}
+    c = hs.Case(geo_name, rows, 10, pools, mods, seed=rows + 3, scales=hs.FP8_SCALES)
+    q, kv, idx, bt, t2r, gate = c.args
+    chained = jax.jit(lambda q, kv, idx_sets, bt, t2r, gate: sequential_calls(
+        lambda i: qsa_jax.sparse_attention(q, kv, i, bt, t2r, gate, k_scale=hs.FP8_SCALES[0],
+                                           v_scale=hs.FP8_SCALES[1]), idx_sets))
+    jax.block_until_ready(chained(q, kv, idx, bt, t2r, gate))
+    orig_run, _ = c.original_calls("0.34.0", False)
+    orig_run(); torch.cuda.synchronize()  # 0.34.0 compiled now, by Triton's own ptxas
+    out_t = torch.empty_like(c.tq)
+
+    def torch_tt():
+        for i in c.tidx:
+            S.qsa_sparse_paged_attention(c.tq, c.k, c.v, i, c.tbt, c.tt2r, False, out_t, *hs.FP8_SCALES,
+                                         output_gate=c.tgate, implementation="triton-torch")
+        return out_t
+    for rnd in range(2):
+        for name, path in (("torch, Triton's ptxas", None), ("torch, CUDA 13.0 ptxas", sys_ptxas),
+                           ("jax (auto)", None), ("0.34.0", None)):
+            if name.startswith("torch"):
+                use_ptxas(path)
+                torch_tt(); torch.cuda.synchronize()
+                fn, wait, tag = torch_tt, sync, f" cubin {cubin_hash()}"
+            elif name == "0.34.0":
+                os.environ.pop("TRITON_PTXAS_PATH", None)
+                fn, wait, tag = orig_run, sync, ""
+            else:
+                os.environ.pop("TRITON_PTXAS_PATH", None)
+                fn, wait, tag = (lambda: chained(q, kv, idx, bt, t2r, gate)), jax.block_until_ready, ""
+            s = kernel_trace.trace_runs(fn, runs=3, calls_per_run=10, wait=wait)
+            split = next(v for k, v in s.mean_us_by_kernel.items() if "split" in k or "gqa" in k)
+            print(f"RESULT {geo_name} rows={rows:5d} round={rnd} {name:24s} busy {s.busy_us_per_call:8.2f} "
+                  f"split {split:8.2f} us{tag}", flush=True)
+    use_ptxas(None)
+    del c, pools
+PY
+echo "causal rc=$?"; grep -E "^RESULT|Error" "$OUT/ptxas_causal.log" | head -60
+true
