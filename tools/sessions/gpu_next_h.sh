@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepared in session 27 for the next lent GPU (any H100/H200; carry .whl .cache/originals;
-# <= 300 s): bash tools/sessions/gpu_next_h.sh
+# <= 420 s: part 1 <= 280 s, part 2 <= 100 s): bash tools/sessions/gpu_next_h.sh
 # Session 27 found the JAX route's split kernel 1-4% slower than the same PTX launched by torch
 # at TP1 fp8 decode (H100), and on the CPU (`tools/ptxas_ab.py`, `session27/ptxas_ab_cpu.md`) that
 # Triton's bundled ptxas (12.8) and CUDA 13.0's schedule 572 of 3584 SASS lines of TP1's 16-64-row
@@ -89,4 +89,38 @@ for geo_name, rows in (("TP1", 8), ("TP1", 16), ("TP1", 32), ("TP1", 64), ("TP1"
     del c, pools
 PY
 echo "causal rc=$?"; grep -E "^RESULT|Error" "$OUT/ptxas_causal.log" | head -60
+
+# Part 2: can JAX's route be put on Triton's ptxas from outside, as a user could? A wrapper ptxas
+# first in XLA's search (--xla_gpu_cuda_data_dir and PATH) sends every assembly whose input holds
+# our kernels to Triton's ptxas and the rest to CUDA 13.0's (session 27's call b matched on a
+# ".ptx" suffix and caught none of ours; here any existing file argument is read). Prediction:
+# if jaxlib's assembly goes through the ptxas binary, our kernels reach the wrapper and JAX's
+# split kernel runs level with torch's (ratio 1.00 +- 0.01 at TP1 16 / 64 rows); if it goes
+# through the linked compiler library, the log shows none of ours and the ratio stays 1.02-1.04.
+TRITON_PTXAS=$(python3 -c "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/ptxas'))")
+FAKE=/tmp/fakecuda; mkdir -p "$FAKE/bin"; ln -sfn "$(dirname "$(dirname "$SYS_PTXAS")")/nvvm" "$FAKE/nvvm"
+cat > "$FAKE/bin/ptxas" <<SH
+#!/bin/bash
+for a in "\$@"; do
+  if [[ -f "\$a" ]] && grep -q "sparse_attention_" "\$a" 2>/dev/null; then
+    echo "triton" >> "$OUT/wrapper.log"; exec "$TRITON_PTXAS" "\$@"
+  fi
+done
+echo "system \${*:0:3}" | cut -c1-120 >> "$OUT/wrapper.log"; exec "$SYS_PTXAS" "\$@"
+SH
+chmod +x "$FAKE/bin/ptxas"
+PATH="$FAKE/bin:$PATH" XLA_FLAGS="--xla_gpu_cuda_data_dir=$FAKE" timeout 100 python3 -m bench.run --op sparse \
+  --impl auto,shim-tt --shim-graph --kv-dtype fp8 --rows 16,64 --tp TP1 --trace-rows 64 --n-calls 10 \
+  --eager-calls 3 --no-progress --no-plot --out "$OUT/wrapped" > "$OUT/wrapped.log" 2>&1
+echo "wrapped rc=$?; wrapper: $(grep -c '^triton' "$OUT/wrapper.log" 2>/dev/null) to Triton's ptxas, $(grep -c '^system' "$OUT/wrapper.log" 2>/dev/null) to 13.0's"
+head -3 "$OUT/wrapper.log"
+python3 - "$OUT/wrapped/results.json" <<'PY2'
+import json, sys
+split = {}
+for r in json.load(open(sys.argv[1]))["results"]:
+    split[(r["rows"], r["impl"])] = next((v for k, v in (r.get("busy_kernels_us") or {}).items() if "split" in k), None)
+for rows in (16, 64):
+    a, t = split.get((rows, "auto")), split.get((rows, "shim-tt"))
+    print(f"wrapped TP1 fp8 rows={rows}: auto split {a} us, shim-tt {t} us, ratio {a / t if a and t else float('nan'):.3f}")
+PY2
 true
