@@ -108,24 +108,20 @@ def _fp8_caches(case):
 
 def _extra_part(name, case, impl, args, results, label):
     if name == "fp8":
-        for fmt, kv in _fp8_caches(case).items():
-            fp8_args = (args[0], kv) + args[2:]
-            out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0,
-                                                            implementation=i)) for i in (impl, "xla"))
-            _record(results, f"{label} fp8 {fmt}", _agrees(out, ref))
-        # The sm_90 fp8 table's 25-32-program tiling (session 26: jax-triton at one warp, 16
-        # splits), forced on this shape: the kernel and its constants are what memcheck checks,
-        # not the program count (session 27). Pallas too (there the table keeps 2 warps), which
-        # lets the CPU smoke test run this branch in interpret mode.
         from qsa_jax import config
 
+        # The default launch, then the sm_90 fp8 table's 25-32-program tiling (session 26:
+        # jax-triton at one warp, 16 splits) forced on this shape: the kernel and its constants
+        # are what memcheck checks, not the program count (session 27). Pallas too (there the
+        # table keeps 2 warps), which lets the CPU smoke test run it in interpret mode.
         width = case.logical_indices.shape[1] - 1
-        tiling = tuple(config.select_config(16, 2, False, width, True, capability=(9, 0)))
-        for fmt, kv in _fp8_caches(case).items():
-            fp8_args = (args[0], kv) + args[2:]
-            out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0, config=tiling,
-                                                            implementation=i)) for i in (impl, "xla"))
-            _record(results, f"{label} fp8 {fmt} tiling {tiling}", _agrees(out, ref))
+        forced = tuple(config.select_config(16, 2, False, width, True, capability=(9, 0)))
+        for tiling in (None, forced):
+            for fmt, kv in _fp8_caches(case).items():
+                fp8_args = (args[0], kv) + args[2:]
+                out, ref = (np.asarray(qsa_jax.sparse_attention(*fp8_args, k_scale=0.5, v_scale=2.0, config=tiling,
+                                                                implementation=i)) for i in (impl, "xla"))
+                _record(results, f"{label} fp8 {fmt}" + (f" tiling {tiling}" if tiling else ""), _agrees(out, ref))
     elif name == "fp8_gluon":
         from qsa_jax import config
         from qsa_jax.ops.sparse_attention import triton as stri

@@ -35,10 +35,9 @@ DEFAULT_ROWS = ("TP1:4,8,16,32,64,264,1024", "TP4:8,16,32,64,1024")
 CONTEXT = 65536  # tokens per request, as bench.run draws them (the block table's width)
 
 
-def listing(cuobjdump: str, cubin: str) -> list[str]:
-    """The SASS instructions of ``cubin``, addresses and encodings dropped."""
-    out = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-    return [re.sub(r"\s+", " ", t).strip() for t in re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(.*?;)", out)]
+def listing(sass: str) -> list[str]:
+    """The instructions of a ``cuobjdump -sass`` text, addresses and encodings dropped."""
+    return [re.sub(r"\s+", " ", t).strip() for t in re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(.*?;)", sass)]
 
 
 def assemble(ptxas: str, ptx_path: str, cubin: str) -> dict:
@@ -63,8 +62,8 @@ def compare(ptx: str, out_dir: str, name: str, ptxas_a: str, ptxas_b: str, cuobj
     for tag, ptxas in (("a", ptxas_a), ("b", ptxas_b)):
         cubin = os.path.join(out_dir, f"{name}.{tag}.cubin")
         res[tag] = assemble(ptxas, path, cubin)
-        res[tag]["sass"] = listing(cuobjdump, cubin)
         raw = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        res[tag]["sass"] = listing(raw)
         try:
             res[tag]["loop"] = P.sass_loop(raw)[0]
         except ValueError:  # no backward branch: one tile per split, no loop
@@ -110,9 +109,9 @@ def main(argv=None) -> int:
         for rows in (int(r) for r in rows_text.split(",")):
             programs = rows * geo.num_kv_heads
             c = config.select_config(rows, geo.num_kv_heads, False, A.W, fp8, capability=(9, 0))
-            t = config.table_tiling(programs, False, is_fp8=fp8, capability=(9, 0))  # for its stages
-            t = t._replace(block_n=c.block_n, splits=c.num_splits, warps=c.num_warps) if hasattr(t, "_replace") \
-                else type(t)(**{**vars(t), "block_n": c.block_n, "splits": c.num_splits, "warps": c.num_warps})
+            # The launch select_config settles on, with the table entry's stages.
+            t = config.table_tiling(programs, False, is_fp8=fp8, capability=(9, 0))._replace(
+                block_n=c.block_n, splits=c.num_splits, warps=c.num_warps)
             kernel = A.ours(geo, rows, t.block_n, t.splits, t.warps, "jax-triton", fp8=fp8, requests=rows,
                             stages=t.stages)
             r = compare(kernel.asm["ptx"], out_dir, f"{geo_name}_{rows}", ptxas_a, a.ptxas, cuobjdump)
