@@ -62,17 +62,13 @@ def signature_problems(source: str | None = None) -> list[str]:
     the function, its arguments, that the lowering calls it by its module-level name, and the
     ``TritonKernel`` it builds (7 positional arguments)."""
     import ast
-    import importlib.util
-    import os
 
-    if source is None:
-        spec = importlib.util.find_spec("jax_triton")
-        if spec is None or not spec.submodule_search_locations:
-            return ["jax_triton is not installed"]
-        with open(os.path.join(list(spec.submodule_search_locations)[0], "triton_lib.py")) as f:
-            source = f.read()
-    tree = ast.parse(source)
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    from qsa_jax.ops._triton_support import triton_lib_functions
+
+    parsed = triton_lib_functions(source)
+    if parsed is None:
+        return ["jax_triton is not installed"]
+    defs, _ = parsed
     fn = defs.get("get_or_create_triton_kernel")
     if fn is None:
         return ["jax_triton.triton_lib.get_or_create_triton_kernel is gone"]

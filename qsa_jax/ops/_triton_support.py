@@ -27,6 +27,24 @@ def import_jax_triton():
     return jax_triton
 
 
+def triton_lib_functions(source: str | None = None):
+    """The module-level functions of ``jax_triton/triton_lib.py`` (name -> ``ast.FunctionDef``)
+    and its syntax tree, from ``source`` (default: the installed file); None when jax-triton is
+    not installed. Read without importing jax-triton, which refuses to import without a GPU: the
+    hooks into its private API (``_gluon_support``, ``_triton_images``) check it from this."""
+    import ast
+    import importlib.util
+
+    if source is None:
+        spec = importlib.util.find_spec("jax_triton")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "triton_lib.py")) as f:
+            source = f.read()
+    tree = ast.parse(source)
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}, tree
+
+
 @functools.lru_cache(maxsize=None)
 def cuda_gpu_reason() -> str | None:
     """None when JAX's default backend is an NVIDIA GPU of compute capability >= 8.0."""
@@ -66,6 +84,11 @@ def load_kernels(module: str):
     try:
         import importlib
 
-        return import_jax_triton(), importlib.import_module(module), None
+        jax_triton = import_jax_triton()
+        kernels = importlib.import_module(module)
     except Exception as exc:  # ImportError, or a broken triton install
         return None, None, exc
+    from qsa_jax.ops import _triton_images
+
+    _triton_images.install()  # JAX's launches then run Triton's own machine code (that module says why)
+    return jax_triton, kernels, None

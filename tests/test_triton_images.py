@@ -1,0 +1,268 @@
+"""``qsa_jax.ops._triton_images``: JAX's launches carry the cubin Triton's ptxas makes.
+
+CPU: jax-triton's private API is where the hook expects it (and the checker notices each
+change), the proto edit against bytes written out by hand, and the lowering wrapper on a
+stand-in primitive lowered for the CPU. GPU (marker ``gpu``): jaxlib loads the image the
+proto carries (a wrong image fails the launch), and the image is the one Triton's launcher
+makes for the same kernel.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from qsa_jax.ops import _triton_images as T
+from qsa_testing.stack import pinned_version
+
+# A TritonAnyKernelCall written out by hand (jaxlib/gpu/triton.proto field numbers):
+#   TritonKernel      {kernel_name 1: "k", num_warps 2: 4, shared_mem_bytes 3: 16, ptx 4: "P",
+#                      compute_capability 6: 90}
+#   TritonKernelCall  {kernel 1: <kernel>, grid_0 2: 3}
+#   TritonAnyKernelCall {kernel_call 1: <call>, name 4: "n"}
+KERNEL = bytes.fromhex("0a016b" "1004" "1810" "220150" "305a")
+CALL = bytes.fromhex("0a0c") + KERNEL + bytes.fromhex("1003")
+ANY = bytes.fromhex("0a10") + CALL + bytes.fromhex("22016e")
+# The same with ModuleImageProto {object_file 1: "ELF", kernel_name 2: "k", shared_mem_bytes 3: 16}
+# as the kernel's field 11 (key 0x5a), every enclosing length grown by its 12 bytes.
+IMAGE = bytes.fromhex("0a03454c46" "12016b" "1810")
+ANY_WITH_IMAGE = (bytes.fromhex("0a1c") + bytes.fromhex("0a18") + KERNEL + bytes.fromhex("5a0a") + IMAGE
+                  + bytes.fromhex("1003") + bytes.fromhex("22016e"))
+
+
+def test_hand_written_proto_is_what_the_reader_sees():
+    assert T.kernel_fields(ANY) == {1: b"k", 2: 4, 3: 16, 4: b"P", 6: 90}
+
+
+def test_with_image_writes_the_bytes_worked_out_by_hand():
+    calls = []
+
+    def assemble(ptx, cc):
+        calls.append((ptx, cc))
+        return b"ELF"
+
+    assert T.with_image(ANY, assemble) == ANY_WITH_IMAGE
+    assert calls == [("P", 90)]
+    fields = T.kernel_fields(ANY_WITH_IMAGE)
+    assert fields[T.KERNEL_MODULE_IMAGE] == IMAGE
+
+
+def test_with_image_leaves_autotuned_calls_and_kernels_with_an_image():
+    autotuned = bytes.fromhex("1200") + bytes.fromhex("22016e")  # TritonAnyKernelCall {autotuned 2: {}}
+    assert T.with_image(autotuned, lambda ptx, cc: b"ELF") is None
+    assert T.with_image(ANY_WITH_IMAGE, lambda ptx, cc: pytest.fail("assembled twice")) is None
+
+
+def test_with_image_round_trips_long_fields():
+    """Multi-byte lengths (a real PTX is ~100 KB and a cubin as large) survive the edit."""
+    ptx, image = "P" * 200_000, bytes(range(256)) * 700
+    kernel = (T._len_field(1, b"sparse_attention_split_kernel") + T._varint_field(2, 1)
+              + T._varint_field(3, 70_000) + T._len_field(4, ptx.encode()) + T._varint_field(6, 90))
+    call = T._len_field(1, kernel) + T._varint_field(2, 132) + T._len_field(5, b"\x08\x00")
+    proto = T._len_field(1, call) + T._len_field(3, b"meta") + T._len_field(4, b"qsa_sparse_attention_split")
+    patched = T.with_image(proto, lambda p, cc: image if (p, cc) == (ptx, 90) else b"wrong")
+    fields = T.kernel_fields(patched)
+    assert fields[T.KERNEL_PTX] == ptx.encode() and fields[T.KERNEL_SHARED_MEM] == 70_000
+    assert {n: v for n, v, _ in T._fields(fields[T.KERNEL_MODULE_IMAGE])} == {
+        1: image, 2: b"sparse_attention_split_kernel", 3: 70_000}
+    # Everything beside the kernel is kept, in order.
+    top = [(n, v) for n, v, _ in T._fields(patched)]
+    assert top[1:] == [(3, b"meta"), (4, b"qsa_sparse_attention_split")]
+    call_fields = [(n, v) for n, v, _ in T._fields(top[0][1])]
+    assert call_fields[1:] == [(2, 132), (5, b"\x08\x00")]
+
+
+def test_a_truncated_proto_is_an_error_not_a_guess():
+    with pytest.raises(ValueError, match="past the end"):
+        T.kernel_fields(ANY[:10])  # the kernel call's length promises more bytes than follow
+    with pytest.raises(ValueError, match="truncated varint"):
+        T.kernel_fields(ANY[:-2])  # the name's key with no length
+
+
+# ------------------------------------------------------------------------ the lowering wrapper
+
+
+def _custom_call_protos(module):
+    from jax.interpreters.mlir import ir
+
+    found = []
+
+    def visit(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    inner = inner.operation
+                    if inner.name == "stablehlo.custom_call":
+                        found.append(zlib.decompress(ir.StringAttr(inner.attributes["backend_config"]).value_bytes))
+                    visit(inner)
+
+    visit(module.operation)
+    return found
+
+
+def test_lowering_wrapper_edits_only_our_kernels_and_only_while_enabled():
+    """A stand-in for jax-triton's primitive, lowered on the CPU to a custom call whose
+    backend_config is the hand-written proto, compressed as jax-triton compresses it."""
+    import jax
+    import jax.numpy as jnp
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    prim = Primitive("qsa_test_triton_kernel_call")
+    prim.def_abstract_eval(lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype))
+
+    def original(ctx, x, *, fn, enable_fp_fusion, grid):
+        return jax.ffi.ffi_lowering("qsa_test_target", api_version=2, backend_config=zlib.compress(ANY))(ctx, x)
+
+    state = {"enabled": True}
+    assembled = []
+
+    def assemble(ptx, cc, enable_fp_fusion):
+        assembled.append((ptx, cc, enable_fp_fusion))
+        return b"ELF"
+
+    mlir.register_lowering(prim, T.with_images(original, enabled=lambda: state["enabled"], assemble=assemble,
+                                               ours=lambda fn: fn == "ours"), platform="cpu")
+
+    def lowered(fn, fusion=True):
+        f = jax.jit(lambda x: prim.bind(x, fn=fn, enable_fp_fusion=fusion, grid=(1, 1, 1)))
+        return _custom_call_protos(f.lower(jnp.ones(4)).compiler_ir("stablehlo"))
+
+    assert lowered("ours", fusion=False) == [ANY_WITH_IMAGE]
+    assert assembled == [("P", 90, False)]
+    assert lowered("theirs") == [ANY]  # another library's kernel: as jax-triton lowered it
+    state["enabled"] = False
+    assert lowered("ours") == [ANY]  # switched off: read at lowering
+    assert len(assembled) == 1
+
+
+def test_is_ours_knows_the_package_kernels():
+    from qsa_jax.ops.sparse_attention import triton_kernels as K
+
+    assert T.is_ours(K.sparse_attention_split_kernel) and T.is_ours(K.sparse_attention_merge_kernel)
+    assert not T.is_ours(pytest.fail) and not T.is_ours(None)
+
+
+def test_install_never_raises_and_says_why_not_here():
+    T.install()
+    reason = T.unavailable_reason()
+    import jax
+
+    if jax.default_backend() == "cpu":
+        assert reason and "jaxlib" in reason
+
+
+# ------------------------------------------------------------------------ jax-triton's private API
+
+
+def test_jax_triton_private_api_is_where_the_hook_expects():
+    """The checker passes on the tested jax-triton and notices each change the hook depends on."""
+    import importlib.metadata
+
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("jax_triton")  # not imported: it refuses to without a GPU
+    if spec is None:
+        pytest.skip("jax-triton is not installed")
+    with open(os.path.join(list(spec.submodule_search_locations)[0], "triton_lib.py")) as f:
+        source = f.read()
+    installed, pinned = importlib.metadata.version("jax-triton"), pinned_version("jax-triton")
+    if installed != pinned:
+        pytest.skip(f"the hook is written for jax-triton {pinned} (tools/constraints.txt), this is {installed}")
+    assert T.signature_problems(source) == []
+    broken = {
+        "renamed": source.replace("def triton_kernel_call_lowering(", "def kernel_call_lowering("),
+        "keyword": source.replace("    enable_fp_fusion,\n    input_output_aliases,",
+                                  "    fp_fusion,\n    input_output_aliases,"),
+        "to_proto": source.replace("kernel_call.to_proto(", "kernel_call.serialize("),
+        "config": source.replace("backend_config=zlib.compress(call_proto)", "backend_config=call_proto"),
+        "return": source.replace("  return rule(ctx, *array_args)", "  return rule(ctx, *array_args)[0]"),
+        "registration": source.replace("functools.partial(triton_kernel_call_lowering, get_cuda_backend),\n"
+                                       "    platform=\"cuda\"", "functools.partial(triton_kernel_call_lowering, "
+                                       "get_cuda_backend),\n    platform=\"gpu\""),
+    }
+    for what, text in broken.items():
+        assert text != source, f"the {what!r} edit no longer applies to this jax-triton's source"
+        assert T.signature_problems(text), what
+
+
+def test_the_switch_is_on():
+    from qsa_jax import config
+
+    assert config.jax_triton_images_from_triton_ptxas() is True
+
+
+# ------------------------------------------------------------------------ GPU
+
+
+def _hook_or_skip():
+    T.install()
+    if T.unavailable_reason() is not None:
+        pytest.skip(f"the image hook is not installed here: {T.unavailable_reason()}")
+
+
+@pytest.mark.gpu
+def test_gpu_jax_route_carries_triton_assembled_images():
+    """Every kernel of the Triton implementation's lowering (split and merge) carries an ELF image
+    equal to what Triton's ptxas makes of its PTX, and the launch agrees with the XLA reference."""
+    import jax
+    import numpy as np
+
+    import qsa_jax
+    from qsa_testing import cases as C
+    from qsa_testing.agreement import assert_fidelity
+
+    _hook_or_skip()
+    case = C.gpu_kernel_case(8, num_query_heads=24, num_kv_heads=2)
+    args = (case.q, case.kv_cache, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
+    run = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation="triton"))
+    protos = [p for p in _custom_call_protos(run.lower(*args).compiler_ir("stablehlo"))
+              if T.kernel_fields(p) is not None]
+    assert len(protos) == 2, "expected the split and the merge kernel (8 rows split the selection)"
+    for proto in protos:
+        fields = T.kernel_fields(proto)
+        image = {n: v for n, v, _ in T._fields(fields[T.KERNEL_MODULE_IMAGE])}
+        assert image[T.IMAGE_OBJECT_FILE][:4] == b"\x7fELF"
+        assert image[T.IMAGE_OBJECT_FILE] == T.assemble_like_triton(
+            fields[T.KERNEL_PTX].decode(), fields[T.KERNEL_CAPABILITY])
+        assert image[T.IMAGE_KERNEL_NAME] == fields[T.KERNEL_NAME]
+    got = np.asarray(run(*args))
+    want = np.asarray(qsa_jax.sparse_attention(*args, implementation="xla"))
+    assert_fidelity(got, want, what="gpu triton with Triton-assembled images")
+
+
+@pytest.mark.gpu
+def test_gpu_jaxlib_launches_the_carried_image():
+    """A wrong image (ELF magic, then no cubin) makes the launch fail: jaxlib loads the bytes the
+    proto carries instead of assembling the PTX. store_cache_rows at a width used nowhere else,
+    so that jaxlib has not cached an image of this kernel earlier in the process."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from jax.interpreters import mlir
+    from jax_triton import triton_lib as lib
+
+    import qsa_jax
+    from qsa_jax import config
+
+    _hook_or_skip()
+    original = functools.partial(lib.triton_kernel_call_lowering, lib.get_cuda_backend)
+
+    def register(assemble):
+        mlir.register_lowering(lib.triton_kernel_call_p, T.with_images(
+            original, enabled=lambda: config.jax_triton_images_from_triton_ptxas(), assemble=assemble),
+            platform="cuda")
+
+    register(lambda ptx, cc, fusion: b"\x7fELF not a cubin")
+    try:
+        width = 328  # a row width no other test stores
+        cache = jax.random.normal(jax.random.key(0), (4, 16, 1, width), jnp.float32).astype(jnp.bfloat16)
+        rows = jax.random.normal(jax.random.key(1), (3, width), jnp.float32).astype(jnp.bfloat16)
+        slots = jnp.array([1, 17, 40], jnp.int32)
+        with pytest.raises(Exception, match="(?i)module|image"):
+            jax.block_until_ready(qsa_jax.store_cache_rows(cache, slots, rows, implementation="triton"))
+    finally:
+        register(T.assemble_like_triton)
