@@ -246,6 +246,50 @@ def test_gpu_triton_torch_equals_the_jax_route(rows, kv_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
+def test_gpu_jax_route_runs_the_torch_routes_cubins(kv_dtype, monkeypatch):
+    """JAX's launch (implementation="triton", at the table triton-torch takes) hands jaxlib the
+    very cubin Triton's launcher compiled for the torch route (``qsa_jax.ops._triton_images``):
+    the PTX of each kernel jax-triton lowers is one the torch route compiled, and the image
+    carried for it equals that compiled kernel's cubin, byte for byte."""
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    import qsa_torch_shim as S
+    from qsa_jax.ops import _triton_images as T
+    from qsa_jax.ops.sparse_attention import gluon_kernels, triton_kernels
+
+    T.install()
+    if T.unavailable_reason() is not None:
+        pytest.skip(f"the image hook is not installed here: {T.unavailable_reason()}")
+    carried, assemble = [], T.assemble_like_triton
+
+    def spy(ptx, capability, enable_fp_fusion=True):
+        image = assemble(ptx, capability, enable_fp_fusion)
+        carried.append((ptx, image))
+        return image
+
+    monkeypatch.setattr(T, "assemble_like_triton", spy)
+    args, gate, scales = _gpu_call(40, kv_dtype, seed=41)  # 40 rows: a signature no other test lowers
+    want = _triton_route(*args, output_gate=gate, **scales)
+    out = torch.full_like(args[0], float("nan"))
+    S.qsa_sparse_paged_attention(*args, out, output_gate=gate, implementation="triton-torch", **scales)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    compiled = {}
+    for module in (triton_kernels, gluon_kernels):
+        for fn in vars(module).values():
+            for kernel_cache, *_ in getattr(fn, "device_caches", {}).values():
+                compiled.update({ck.asm["ptx"]: ck.asm["cubin"] for ck in kernel_cache.values()})
+    assert carried, "the JAX route lowered nothing new: the signature was seen before in this process"
+    for ptx, image in carried:
+        assert ptx in compiled, "jax-triton's PTX is not one Triton's launcher compiled for the torch route"
+        assert image == compiled[ptx]
+
+
+@pytest.mark.gpu
 def test_gpu_triton_torch_follows_torchs_stream():
     """Launched on torch's current stream: q written there after a long sleep is what the
     kernels read, and the output is complete when torch reads it next on that stream."""

@@ -32,6 +32,7 @@ the launch.
 from __future__ import annotations
 
 import functools
+import warnings
 import zlib
 from typing import Callable
 
@@ -49,6 +50,8 @@ _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5  # protobuf wire types
 
 
 def _varint(value: int) -> bytes:
+    if value < 0:  # protobuf writes negative int32/int64 as 10-byte two's complement; none here
+        raise ValueError(f"negative varint {value}")
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
@@ -70,13 +73,16 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def _fields(buf: bytes) -> list[tuple[int, object, bytes]]:
-    """(field number, value, the field's encoded bytes) in order; value is an int (varint) or
-    the payload bytes (length-delimited, fixed32, fixed64)."""
+    """(field number, value, the field's encoded bytes) in order; value is an int (varint,
+    fixed32, fixed64) or the payload bytes (length-delimited: only these are ever read as a
+    message)."""
     out, pos = [], 0
     while pos < len(buf):
         start = pos
         key, pos = _read_varint(buf, pos)
         number, wire = key >> 3, key & 7
+        if number == 0:
+            raise ValueError("field number 0 is not valid protobuf")
         if wire == _VARINT:
             value, pos = _read_varint(buf, pos)
         elif wire == _LEN:
@@ -84,7 +90,7 @@ def _fields(buf: bytes) -> list[tuple[int, object, bytes]]:
             value, pos = buf[pos:pos + size], pos + size
         elif wire in (_I64, _I32):
             size = 8 if wire == _I64 else 4
-            value, pos = buf[pos:pos + size], pos + size
+            value, pos = int.from_bytes(buf[pos:pos + size], "little"), pos + size
         else:
             raise ValueError(f"wire type {wire} (field {number}) is not one jaxlib's protos use")
         if pos > len(buf):
@@ -148,16 +154,35 @@ def with_image(call_proto: bytes, assemble: Callable[[str, int], bytes]) -> byte
 # ---------------------------------------------------------------------------- the assembler
 
 
-@functools.lru_cache(maxsize=128)
 def assemble_like_triton(ptx: str, capability: int, enable_fp_fusion: bool = True) -> bytes:
     """The cubin Triton's launcher makes of ``ptx``: Triton's ptxas (``TRITON_PTXAS_PATH`` or
-    the bundled one) with Triton's flags, through the CUDA backend's own ``make_cubin``."""
+    the bundled one) with Triton's flags, through the CUDA backend's own ``make_cubin``. Cached
+    by the PTX and by every setting that changes make_cubin's ptxas command, read now (a
+    process may change Triton's knobs between two lowerings)."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
+
+    backend = CUDABackend(GPUTarget("cuda", capability, 32))
+    options = backend.parse_options({"enable_fp_fusion": enable_fp_fusion})
+    settings = (get_ptxas(backend.target.arch).path, bool(knobs.compilation.disable_line_info),
+                bool(knobs.nvidia.disable_ptxas_opt), options.ptx_options)
+    return _assemble(ptx, capability, enable_fp_fusion, settings)
+
+
+@functools.lru_cache(maxsize=128)
+def _assemble(ptx: str, capability: int, enable_fp_fusion: bool, settings: tuple) -> bytes:
+    import contextlib
+    import io
+
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend
 
     backend = CUDABackend(GPUTarget("cuda", capability, 32))
     options = backend.parse_options({"enable_fp_fusion": enable_fp_fusion})
-    return backend.make_cubin(ptx, {}, options, capability)
+    # On failure make_cubin prints the whole PTX to stdout; its exception names the problem.
+    with contextlib.redirect_stdout(io.StringIO()):
+        return backend.make_cubin(ptx, {}, options, capability)
 
 
 # ---------------------------------------------------------------------------- the lowering
@@ -168,26 +193,50 @@ def is_ours(fn) -> bool:
     return getattr(getattr(fn, "fn", fn), "__module__", "").startswith("qsa_jax.")
 
 
-def with_images(original: Callable, *, enabled: Callable[[], bool], assemble: Callable = assemble_like_triton,
+def with_images(original: Callable, *, enabled: Callable[[], bool], assemble: Callable | None = None,
                 ours: Callable = is_ours) -> Callable:
     """A lowering rule that lowers as ``original`` does (jax-triton's, with the keyword
     parameters of ``triton_kernel_call_p``) and, for ``ours(fn)`` while ``enabled()``, puts
-    ``assemble(ptx, capability, enable_fp_fusion)`` into the custom call's proto."""
+    ``assemble(ptx, capability, enable_fp_fusion)`` (default: this module's
+    ``assemble_like_triton``, looked up at each lowering) into the custom call's proto.
+
+    Whatever goes wrong on the way (ptxas fails or is missing, the proto is not what this
+    module reads) leaves the custom call as ``original`` made it, with a warning: jaxlib then
+    assembles the PTX, as it does without this module. jaxlib caches an image by kernel name,
+    shared memory, PTX and capability (not by the flags that made it), so the first image a
+    process loads for a PTX is the one it keeps."""
     from jax.interpreters.mlir import ir
 
     def lowering(ctx, *args, fn, enable_fp_fusion=True, **params):
         results = original(ctx, *args, fn=fn, enable_fp_fusion=enable_fp_fusion, **params)
         if not (ours(fn) and enabled()):
             return results
-        owner = results[0].owner
-        op = getattr(owner, "operation", owner)
-        proto = zlib.decompress(ir.StringAttr(op.attributes["backend_config"]).value_bytes)
-        patched = with_image(proto, lambda ptx, cc: assemble(ptx, cc, enable_fp_fusion))
+        try:
+            owner = results[0].owner
+            op = getattr(owner, "operation", owner)
+            proto = zlib.decompress(ir.StringAttr(op.attributes["backend_config"]).value_bytes)
+            assembler = assemble or assemble_like_triton
+            patched = with_image(proto, lambda ptx, cc: assembler(ptx, cc, enable_fp_fusion))
+        except Exception as exc:
+            warnings.warn(f"qsa_jax: {getattr(fn, '__name__', fn)} keeps jaxlib's own assembly of its PTX: "
+                          f"{type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
+            return results
         if patched is not None:
             op.attributes["backend_config"] = ir.StringAttr.get(zlib.compress(patched))
         return results
 
     return lowering
+
+
+def registered_rule(primitive, platform: str):
+    """The lowering rule registered for ``primitive`` on ``platform`` now, or None. JAX has no
+    public getter; this reads its registry (``jax._src.interpreters.mlir``), so that install()
+    wraps whatever rule is in place (another library's wrapper included) instead of replacing
+    it. tests/test_triton_images.py fails when a JAX upgrade moves the registry."""
+    from jax._src.interpreters import mlir as mlir_internal
+
+    entry = mlir_internal._platform_specific_lowerings.get(platform, {}).get(primitive)
+    return None if entry is None else entry.rule  # a LoweringRuleEntry(rule, inline) in jax 0.11
 
 
 # ---------------------------------------------------------------------------- the hook
@@ -278,7 +327,8 @@ def install() -> None:
             import_jax_triton()
             from jax_triton import triton_lib as lib
 
-            original = functools.partial(lib.triton_kernel_call_lowering, lib.get_cuda_backend)
+            original = (registered_rule(lib.triton_kernel_call_p, "cuda")
+                        or functools.partial(lib.triton_kernel_call_lowering, lib.get_cuda_backend))
             mlir.register_lowering(lib.triton_kernel_call_p,
                                    # looked up at each lowering, so that tests and the benchmark can switch it
                                    with_images(original, enabled=lambda: config.jax_triton_images_from_triton_ptxas()),

@@ -8,5 +8,6 @@ echo "card: $card; $(date -u +%FT%TZ)"
 if [[ "$card" == *H200* ]]; then
   bash tools/sessions/gpu_session27_f.sh
 else
-  bash tools/sessions/gpu_next_h.sh
+  # ran session 27's script as it stood at 771e8eb (then gpu_next_h.sh); fixed since, as call b
+  bash tools/sessions/gpu_session28_b.sh
 fi
