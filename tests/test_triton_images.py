@@ -318,3 +318,38 @@ def test_gpu_jaxlib_launches_the_carried_image():
             jax.block_until_ready(qsa_jax.store_cache_rows(cache, slots, rows, implementation="triton"))
     finally:
         mlir.register_lowering(lib.triton_kernel_call_p, installed, platform="cuda")
+
+
+def test_assembler_in_use_names_the_assembler(monkeypatch):
+    """What the benchmark records: XLA's ptxas with the reason where the hook is not in place or
+    switched off, Triton's ptxas (path and release) where it is."""
+    from qsa_jax import config
+
+    monkeypatch.setattr(T, "_REASON", ["this jaxlib predates pre-assembled Triton images"])
+    assert T.assembler_in_use() == "jaxlib's (XLA's ptxas): this jaxlib predates pre-assembled Triton images"
+    monkeypatch.setattr(T, "_REASON", [None])
+    monkeypatch.setattr(config, "jax_triton_images_from_triton_ptxas", lambda: False)
+    assert "is off" in T.assembler_in_use()
+    monkeypatch.setattr(config, "jax_triton_images_from_triton_ptxas", lambda: True)
+    text = T.assembler_in_use()
+    assert text.startswith("Triton's ptxas ") and "carried in the kernel protos" in text
+    import re
+
+    assert re.match(r"Triton's ptxas \d+\.\d+ \(", text), text  # the release ptxas reports
+
+
+def test_bench_report_names_the_assembler():
+    """The results header names the assembler where the run recorded it, and old results
+    (without the field) render as before."""
+    import dataclasses
+    import pathlib
+
+    from bench import report
+    from bench.records import load
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    run = load(repo / "bench/results/nvidia-h100_2026-12-06/session28/call_c/images/results.json")
+    assert "assembled by" not in report.markdown(run)
+    machine = {**run.machine, "jax_triton_assembler": "Triton's ptxas 12.8 (/x/ptxas), carried in the kernel protos"}
+    md = report.markdown(dataclasses.replace(run, machine=machine))
+    assert "- jax-triton kernels under JAX assembled by: Triton's ptxas 12.8 (/x/ptxas)" in md

@@ -305,6 +305,27 @@ def jaxlib_problem() -> str | None:
 _REASON: list[str | None] = []
 
 
+def assembler_in_use() -> str:
+    """Which assembler made the machine code of the jax-triton kernels JAX launches here, in
+    words (the benchmark records it beside the versions)."""
+    from qsa_jax import config
+
+    install()
+    reason = unavailable_reason()
+    if reason is not None:
+        return f"jaxlib's (XLA's ptxas): {reason}"
+    if not config.jax_triton_images_from_triton_ptxas():
+        return "jaxlib's (XLA's ptxas): config.jax_triton_images_from_triton_ptxas() is off"
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        capability = config.device_capability() or (9, 0)
+        tool = get_ptxas(capability[0] * 10 + capability[1])
+        return f"Triton's ptxas {tool.version} ({tool.path}), carried in the kernel protos"
+    except Exception as exc:  # the lowering would warn and fall back the same way
+        return f"Triton's ptxas, carried in the kernel protos (its version unknown: {exc})"
+
+
 def unavailable_reason() -> str | None:
     """None once ``install()`` has put the hook in place; otherwise why not (also before install)."""
     return _REASON[0] if _REASON else "install() has not run"
