@@ -17,6 +17,9 @@ switches it off at lowering time. jaxlib keeps the first image it loads for a ke
 cache is keyed by name, shared memory, PTX and capability, not by the image) for the life of the
 process, so switching takes effect in a fresh process.
 
+jax-triton 0.4.1 (the pair for triton >= 3.7) lowers differently; there ``signature_problems``
+names the changes, nothing is installed, and jaxlib assembles as before.
+
 Private API, all of it here:
 - jax-triton's lowering function, primitive and backend factory (``jax_triton.triton_lib``);
 - that the lowering returns the custom call's results, with the kernel-call proto
