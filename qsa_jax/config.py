@@ -666,7 +666,7 @@ def jax_triton_images_from_triton_ptxas() -> bool:
     ptxas. The machine code then equals what the shim's torch route and vLLM's originals run.
 
     Measured on an H100 (2026-12-06, session 28, one process, the same fresh inputs): CUDA
-    13.0's ptxas (XLA's) schedules the split kernel 2.6-3.9% slower than Triton 3.6's bundled 12.8
+    13.0's ptxas (XLA's) schedules the split kernel 2.5-3.9% slower than Triton 3.6's bundled 12.8
     at TP1 fp8 16-64 rows, and level at 8 and 1024 rows and TP4 32. JAX's route ran as slow as
     the torch route put on 13.0. With JAX's assembly sent to 12.8 (a ptxas wrapper, same call),
     JAX/torch went from 1.027-1.045 to 0.998-1.003 at 16-64 rows. bench/results/nvidia-h100_2026-12-06/session28/

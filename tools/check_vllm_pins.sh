@@ -62,4 +62,4 @@ py214=$(QSA_VENV=$venv214 QSA_CONSTRAINTS="$work/torch214.txt" bash tools/venv.s
 echo "torch 2.14 venv ready in $((SECONDS - t0)) s: $("$py214" -c 'import importlib.metadata as m, torch, triton, jax; print("torch", torch.__version__, "triton", triton.__version__, "jax", jax.__version__, "jax-triton", m.version("jax-triton"))')" >&2
 XLA_PYTHON_CLIENT_PREALLOCATE=false "$py214" -m pytest -q -p no:cacheprovider \
   tests/test_shim.py tests/test_shim_layout.py tests/test_shim_vllm034.py \
-  tests/test_triton.py tests/test_launch.py tests/test_gluon.py
+  tests/test_triton.py tests/test_launch.py tests/test_gluon.py tests/test_triton_images.py

@@ -4,7 +4,7 @@ Why. jax-triton lowers a kernel to PTX and hands the PTX to jaxlib, which assemb
 ptxas XLA finds: the CUDA toolkit's, 13.0 on the lent machines. Triton's launcher (the shim's
 torch route, and vLLM's originals) assembles the same PTX with the ptxas Triton bundles, 12.8
 for Triton 3.6. The two releases schedule the split kernel differently. At TP1 fp8 16-64 rows,
-13.0's schedule is 2.6-3.9% slower on an H100. That was measured in one process on the same
+13.0's schedule is 2.5-3.9% slower on an H100. That was measured in one process on the same
 fresh inputs, with the torch route under either assembler (session 28; notes/triton.md).
 
 jaxlib loads a pre-assembled image when the kernel's proto carries one
