@@ -24,9 +24,10 @@ Private API, all of it here:
 - jax-triton's lowering function, primitive and backend factory (``jax_triton.triton_lib``);
 - that the lowering returns the custom call's results, with the kernel-call proto
   zlib-compressed in the op's ``backend_config``;
-- jaxlib's proto field numbers (the wire format, below).
+- jaxlib's proto field numbers (the wire format, below);
+- JAX's lowering registry (``registered_rule``), so that install() wraps the rule in place.
 
-``tests/test_triton_images.py`` fails when an upgrade of the tested jax-triton moves any of them,
+``tests/test_triton_images.py`` fails when an upgrade of the tested jax-triton or JAX moves them,
 and checks the proto edit against bytes written out by hand. Its GPU tests show that the
 lowering carries Triton's image for every kernel, and that jaxlib loads it: a wrong one fails
 the launch.
