@@ -158,17 +158,24 @@ def with_image(call_proto: bytes, assemble: Callable[[str, int], bytes]) -> byte
 # ---------------------------------------------------------------------------- the assembler
 
 
+def _cuda_backend(capability: int, enable_fp_fusion: bool):
+    """Triton's CUDA backend for ``capability`` and its options, as Triton's launcher builds them."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    backend = CUDABackend(GPUTarget("cuda", capability, 32))
+    return backend, backend.parse_options({"enable_fp_fusion": enable_fp_fusion})
+
+
 def assemble_like_triton(ptx: str, capability: int, enable_fp_fusion: bool = True) -> bytes:
     """The cubin Triton's launcher makes of ``ptx``: Triton's ptxas (``TRITON_PTXAS_PATH`` or
     the bundled one) with Triton's flags, through the CUDA backend's own ``make_cubin``. Cached
     by the PTX and by every setting that changes make_cubin's ptxas command, read now (a
     process may change Triton's knobs between two lowerings)."""
     from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
+    from triton.backends.nvidia.compiler import get_ptxas
 
-    backend = CUDABackend(GPUTarget("cuda", capability, 32))
-    options = backend.parse_options({"enable_fp_fusion": enable_fp_fusion})
+    backend, options = _cuda_backend(capability, enable_fp_fusion)
     settings = (get_ptxas(backend.target.arch).path, bool(knobs.compilation.disable_line_info),
                 bool(knobs.nvidia.disable_ptxas_opt), options.ptx_options)
     return _assemble(ptx, capability, enable_fp_fusion, settings)
@@ -176,14 +183,11 @@ def assemble_like_triton(ptx: str, capability: int, enable_fp_fusion: bool = Tru
 
 @functools.lru_cache(maxsize=128)
 def _assemble(ptx: str, capability: int, enable_fp_fusion: bool, settings: tuple) -> bytes:
+    """``settings`` only keys the cache: make_cubin reads the same knobs itself."""
     import contextlib
     import io
 
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend
-
-    backend = CUDABackend(GPUTarget("cuda", capability, 32))
-    options = backend.parse_options({"enable_fp_fusion": enable_fp_fusion})
+    backend, options = _cuda_backend(capability, enable_fp_fusion)
     # On failure make_cubin prints the whole PTX to stdout; its exception names the problem.
     with contextlib.redirect_stdout(io.StringIO()):
         return backend.make_cubin(ptx, {}, options, capability)
