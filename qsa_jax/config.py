@@ -595,7 +595,7 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
 
 # jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2
 # at every shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does,
-# on 2 warps like the Pallas merge. Whole D: 2 against 4 warps 4.0 against 7.1 µs at 256
+# on 2 warps like the Pallas merge (with its own pair threshold since session 29). Whole D: 2 against 4 warps 4.0 against 7.1 µs at 256
 # programs, 31.5 against 46.1 µs at 2048 (H200, fp8, TP1, session 8). 64-wide chunks (decode,
 # 24-192 (row, head) pairs; they had kept an early 4): 2 warps 2.4-3.4 against 2.4-4.1 µs
 # per merge, the call 0.1-4.2% faster, the same at 24 pairs (H100, fp8, session 25,
@@ -651,7 +651,8 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     # bench/results/nvidia-h200_2026-12-04/session12/). Its cost at decode against the 64-wide
     # chunks, which ``merge_block_d`` chose for speed there, not timed.
     chunked = measured_entry(problem) is not None
-    block_d = merge_block_d(pairs, problem.head_dim) if chunked else problem.head_dim
+    block_d = merge_block_d(pairs, problem.head_dim, TRITON_MERGE_SPLIT_D_MAX_PAIRS) if chunked \
+        else problem.head_dim
     default = TritonLaunch(
         num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
         prefetch=triton_prefetch(cfg.block_n, cfg.num_splits, cfg.num_warps),
@@ -840,13 +841,21 @@ def triton_fp8_gluon_values_shared() -> bool:
 
 # The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
 MERGE_SMALL_BATCH_BLOCK_D = 64
-# Up to this many (row, head) pairs the merge splits D, for more programs than SMs.
+# Up to this many (row, head) pairs the Pallas merge splits D, for more programs than SMs.
 MERGE_SPLIT_D_MAX_PAIRS = 256
+# ... and the jax-triton merge. Whole D on 2 warps (0.34.0's layout) against 64-wide chunks, the
+# call's busy time (H100, session 29, bench/results/nvidia-h100_2026-12-06/session29/): at 192
+# and 240 pairs -0.12 to -0.28 µs (fp8) and -0.16 to -0.23 µs (bf16) in all eight cases, TP1
+# and TP4; at 96 pairs mixed (+0.17 / +0.08 fp8, -0.06 / -0.35 bf16), so the chunks stay there.
+# The Pallas merge went the other way in the same run (whole D +0.3 to +0.8 µs at 96-192 pairs).
+TRITON_MERGE_SPLIT_D_MAX_PAIRS = 128
 
 
-def merge_block_d(pairs: int, head_dim: int) -> int:
-    """D columns per program of the split merge (Pallas and jax-triton), for ``pairs`` =
-    rows x heads.
+def merge_block_d(pairs: int, head_dim: int, max_pairs: int | None = None) -> int:
+    """D columns per program of the split merge, for ``pairs`` = rows x heads: chunks of
+    ``MERGE_SMALL_BATCH_BLOCK_D`` up to ``max_pairs`` pairs (the Pallas merge's
+    ``MERGE_SPLIT_D_MAX_PAIRS`` unless given; the jax-triton merge passes
+    ``TRITON_MERGE_SPLIT_D_MAX_PAIRS``), D whole above.
 
     The same arithmetic for every element, but on the GPU the sum over splits can
     associate differently with another block shape (last-bit differences before the
@@ -860,9 +869,11 @@ def merge_block_d(pairs: int, head_dim: int) -> int:
     TP1), so D stays whole there. The jax-triton merge had kept its 64 everywhere: on the
     H200 with an fp8 cache (2026-12-03, `bench/results/nvidia-h200_2026-12-03/session8/`)
     D whole cut it from 23.3 to 9.6 µs at 256 programs (TP1, 8 splits) and from 52.2 to 24.3
-    µs at 1024 (4 splits); it now follows this rule too.
+    µs at 1024 (4 splits); it follows this rule too, with a lower threshold since session 29.
     """
-    if pairs <= MERGE_SPLIT_D_MAX_PAIRS and head_dim % MERGE_SMALL_BATCH_BLOCK_D == 0:
+    if max_pairs is None:
+        max_pairs = MERGE_SPLIT_D_MAX_PAIRS
+    if pairs <= max_pairs and head_dim % MERGE_SMALL_BATCH_BLOCK_D == 0:
         return min(head_dim, MERGE_SMALL_BATCH_BLOCK_D)
     return head_dim
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 28 for a later lent GPU (any H100/H200; carry .whl .cache/originals; <= 300 s).
+# Session 29 call b (was gpu_next_j.sh; run inline on call a's machine). Prepared in session 28 (any H100/H200; carry .whl .cache/originals; <= 300 s).
 # bf16 caches run Pallas first at every entry of the measured table (config.sparse_attention_order),
 # a choice made when JAX's jax-triton launches ran XLA's ptxas (CUDA 13.0). Since session 28 they run
 # the cubin Triton's own ptxas makes (ops/_triton_images.py), which was 2.5-3.9% faster at TP1 fp8

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 28 for a later lent GPU (any H100/H200; carry .whl .cache/originals; <= 300 s).
+# Session 29 call a ran this on an H100 (was gpu_next_k.sh). Prepared in session 28 (any H100/H200; carry .whl .cache/originals; <= 300 s).
 # TP1 fp8 8 rows is the one decode case where the default stays above 0.34.0 on the H100 with the
 # Triton images (call c: 1.019x; merge 3.44 against 0.34.0's 3.25 µs). 0.34.0's merge keeps D whole
 # on 2 warps (one program per (row, head)); ours splits D in 64-wide chunks up to
