@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # For the next lent H200 (issue 13's card; last lent in session 17), asked for as kind nvidia-h200;
-# carry .whl .cache/originals; <= 420 s. Runs the H200 branch of session 29's call a (which got an
+# carry .whl .cache/originals; <= 420 s (H100: <= 330 s). Runs the H200 branch of session 29's call a (which got an
 # H100): the grid at 1024 / 2048 / 4096 rows (fp8 over bf16 throughput, copy bandwidth; 0.30.0 /
 # 0.34.0 / auto, TP1 and TP4), decode against 0.34.0 at 1 / 8 / 64 rows, then the GPU tests of
 # the Triton-image hook. Since session 29 the jax-triton merge keeps D whole from 129 pairs.
 # Predictions: fp8/bf16 >= 1.8x at >= 1024 programs, 90-97% of copy bandwidth, auto <= 1.0x of
 # 0.34.0 but for a few decode cases within 1-2%.
+# On an H100 (the grid there: session 24): the decode standing after sessions 28-29 (Triton's own
+# cubins for JAX's jax-triton launches, the jax-triton merge's D whole from 129 pairs), as session
+# 26's call c: 1-256 rows, bf16 and fp8, auto against 0.30.0 and 0.34.0, busy time. Prediction:
+# auto <= 1.01x of the faster original at every row of both dtypes (session 26: up to 1.03x).
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-if [[ "$card" != *H200* ]]; then
-  echo "card: $card -- this script's targets are set on an H200; nothing run"
-  exit 0
+if [[ "$card" == *H200* ]]; then
+  exec bash tools/sessions/gpu_session29_a.sh
 fi
-bash tools/sessions/gpu_session29_a.sh
+source tools/gpu_env.sh
+set -o pipefail
+dir="$OUT/$(echo "$card" | tr 'A-Z ' 'a-z-')_$(date +%F)_decode"
+timeout -s TERM 300 python3 -m bench.run --op sparse --impl original,original034,auto \
+  --kv-dtype bf16,fp8 --rows 1,2,4,8,16,32,64,128,256 --trace-rows 256 --n-calls 10 --eager-calls 5 \
+  --no-progress --no-plot --out "$dir" --tp TP1,TP4 > "$OUT/decode.log" 2>&1
+echo "decode grid rc=$?"; rm -f "$dir/results.partial.json"; tail -n 2 "$OUT/decode.log"
+python3 tools/busy_table.py "$dir/results.md" | cut -d'|' -f3,4,6,7,15,16
+true
