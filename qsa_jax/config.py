@@ -6,7 +6,8 @@ programs. The tables are vLLM's, as data: 0.30.0 has one (tuned on GB300);
 0.34.0 picks one by the GPU's compute capability and the cache dtype (sm_90,
 sm_120, an fp8 override on sm_80, GB300's everywhere else). The default
 follows 0.34.0 for the current device, or this project's measured table for
-that device where one exists (``MEASURED_TABLES``); ``table="vllm-0.30"``
+that device where one exists (``MEASURED_TABLES``, on the SM count it was measured
+on: ``MEASURED_SM_COUNTS``); ``table="vllm-0.30"``
 gives 0.30.0's choice anywhere. Off a GPU every choice is GB300's table, so
 on CPU the default equals 0.30.0's.
 
@@ -222,7 +223,8 @@ H200_FP8 = _table("h200-fp8-measured",
                    # SXM or H200, so up to 528 programs 2 splits still run in one wave and one
                    # split would leave half the slots empty; above it, 2 splits need a second,
                    # partial wave and a merge. Sm_90 cards with fewer SMs (H100 PCIe 114, H20 78)
-                   # would want the boundary lower; unmeasured. These entries have no
+                   # would want the boundary lower; unmeasured, so they take vLLM 0.34.0's table
+                   # (MEASURED_SM_COUNTS). These entries have no
                    # pallas_warps: where jax-triton is missing, Pallas runs them at one warp and
                    # one split, a launch its sweep did not try (its winner here had 2 splits);
                    # timed in session 23 (H100): 1.4-2.5% faster than 2 splits at 1024 and 4096
@@ -231,10 +233,17 @@ H200_FP8 = _table("h200-fp8-measured",
                   large_decode=(32, 1, 1, 2, "triton"))
 
 # This project's own tables, measured on a card of the given capability, same form as
-# VLLM_034_TABLES. ``table=None`` (the default) consults them first.
+# VLLM_034_TABLES. ``table=None`` (the default) consults them first, on the cards they were
+# measured on (``MEASURED_SM_COUNTS``).
 MEASURED_TABLES: dict[tuple[int, int], tuple[TilingTable, TilingTable]] = {
     (9, 0): (H200_BF16, H200_FP8),
 }
+# The SM count of the cards each measured table was measured on: the H200 and the H100 SXM
+# have 132. Other parts of the capability -- sm_90's H20 (78 SMs, the card vLLM tuned its sm_90
+# table on) and H100 PCIe (114) -- take vLLM 0.34.0's table for it: how many programs fill the
+# card (the one-split boundary at 528 programs is half of 8 programs x 132 SMs; the split counts
+# of the small buckets) was only ever timed on 132 SMs.
+MEASURED_SM_COUNTS: dict[tuple[int, int], int] = {(9, 0): 132}
 
 TABLE_NAMES = ("vllm-0.30", "vllm-0.34")
 
@@ -263,6 +272,30 @@ def device_capability() -> tuple[int, int] | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def device_sm_count() -> int | None:
+    """Streaming multiprocessors of JAX's default device (``Device.core_count``, which JAX's
+    own Pallas GPU ops read); None off an NVIDIA GPU or where the device does not say."""
+    import jax
+
+    try:
+        device = jax.devices()[0]
+    except RuntimeError:  # no backend
+        return None
+    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+    return count if isinstance(count, int) and count > 0 else None
+
+
+def measured_tables_apply(capability: tuple[int, int] | None) -> bool:
+    """Whether ``MEASURED_TABLES[capability]`` is for the current device: a measured table
+    exists for it, and the device's SM count is the one it was measured on (or unknown:
+    off a GPU, or a device that does not report it)."""
+    if capability not in MEASURED_TABLES:
+        return False
+    want, have = MEASURED_SM_COUNTS.get(capability), device_sm_count()
+    return want is None or have is None or have == want
+
+
 def _as_capability(value) -> tuple[int, int] | None:
     if value is None or value == "":
         return None
@@ -287,16 +320,21 @@ def table_tiling(
 
     ``table``: "vllm-0.30" (GB300's table on every device, fp8 or not), "vllm-0.34"
     (vLLM 0.34.0's choice by compute capability and cache dtype) or None: this project's
-    measured table for the capability if there is one (``MEASURED_TABLES``), else
-    "vllm-0.34". ``capability`` defaults to the current device's; off a GPU there is none
-    and every table is GB300's, so CPU runs keep 0.30.0's tiling for bf16 and fp8 alike.
+    measured table for the capability if there is one (``MEASURED_TABLES``) and, for the
+    current device, if it has the SM count the table was measured on (``MEASURED_SM_COUNTS``:
+    an H20 takes 0.34.0's sm_90 table, tuned on that card), else "vllm-0.34". ``capability``
+    defaults to the current device's (given, it names the capability's measured card); off a
+    GPU there is none and every table is GB300's, so CPU runs keep 0.30.0's tiling for bf16
+    and fp8 alike.
     """
     if table is not None and table not in TABLE_NAMES:
         raise ValueError(f"table must be one of {TABLE_NAMES} or None; got {table!r}")
     if table == "vllm-0.30":
         return GB300.pick(programs, use_prefill_config)
     cap = device_capability() if capability is None else _as_capability(capability)
-    tables = MEASURED_TABLES.get(cap) if table is None else None
+    # The current device's (capability None) only where it is the card they were measured on.
+    measured = table is None and (measured_tables_apply(cap) if capability is None else cap in MEASURED_TABLES)
+    tables = MEASURED_TABLES[cap] if measured else None
     if tables is not None:
         return tables[bool(is_fp8)].pick(programs, use_prefill_config)
     tiling = VLLM_034_TABLES.get(cap, (GB300, GB300))[bool(is_fp8)].pick(programs, use_prefill_config)
@@ -570,9 +608,11 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     4096, prefill flag (TP1)    1.37x                  1.05x
     ==========================  =====================  =====================
 
-    Elsewhere -- 1-4 and 25-32 programs (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling
-    0.98-1.02x), vLLM's tables or an explicit ``config=`` (not
-    measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
+    With vLLM's tables on a Hopper (``table="vllm-0.34"``, or a Hopper with another SM count
+    than the measured table's, ``MEASURED_SM_COUNTS``) an fp8 cache also runs jax-triton first:
+    there it is 0.34.0's own launch. Elsewhere -- 1-4 and 25-32 programs on the measured table
+    (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling 0.98-1.02x), bf16 on vLLM's tables,
+    or an explicit ``config=`` (not measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
     first of all (it names the implementation it is for). An fp8 cache on a GPU below sm_89
     (A100, A10: Triton has no e4m3 type there, and both kernels are Triton's) leaves only
     XLA, so ``implementation=None`` still runs; naming a kernel there raises.
@@ -588,6 +628,15 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     entry = measured_entry(problem)
     if entry is not None and entry.implementation in order:
         order = first(entry.implementation, order)
+    elif entry is None and problem.is_fp8 and not problem.config_explicit and running_on_hopper() \
+            and "triton" in order:
+        # vLLM's tables on a Hopper (a card the measured table was not measured on, an H20 or
+        # H100 PCIe, or table="vllm-0.34"): their fp8 entries are one-warp launches from 25
+        # programs, where the Pallas kernel spills (above); jax-triton runs 0.34.0's kernel
+        # launch at 0.34.0's tiling (0.99-1.06x of it at 5-24 programs, 0.99-1.03x at 64-512,
+        # H200, sessions 10-11) where Pallas at 0.34.0's table ran 1.48-1.56x (TP1 256-2048 rows,
+        # H200, 2026-12-03).
+        order = first("triton", order)
     if launch_implementation in order:
         order = first(launch_implementation, order)
     return order

@@ -291,6 +291,46 @@ def test_measured_table_plugs_in(monkeypatch):
     assert cfgmod.select_config(1, 2, False, 64, False, (8, 9)) == (32, 4, 2, 2)
 
 
+@pytest.mark.parametrize("sm_count,measured", [(132, True), (None, True), (78, False), (114, False)])
+def test_measured_table_only_on_its_sm_count(sm_count, measured, monkeypatch):
+    """The measured sm_90 table is the default on the SM count it was measured on (132: H100
+    SXM, H200) or where the device does not say; an H20 (78) or H100 PCIe (114) gets vLLM
+    0.34.0's sm_90 table for every row, dtype and flag. An explicit capability keeps naming
+    the measured card's table."""
+    monkeypatch.setattr(cfgmod, "device_capability", lambda: (9, 0))
+    monkeypatch.setattr(cfgmod, "device_sm_count", lambda: sm_count)
+    assert cfgmod.measured_tables_apply((9, 0)) is measured
+    assert cfgmod.measured_tables_apply((12, 0)) is False  # no measured table there at all
+    differs = 0
+    for fp8 in (False, True):
+        for rows in list(range(1, 300)) + [511, 512, 1024, 2047, 2048, 4096, 8192]:
+            for flag in (False, True):
+                got = cfgmod.select_config(rows, 2, flag, 2051, fp8)
+                vllm = cfgmod.select_config(rows, 2, flag, 2051, fp8, table="vllm-0.34")
+                mine = cfgmod.select_config(rows, 2, flag, 2051, fp8, (9, 0))
+                assert got == (mine if measured else vllm), (rows, fp8, flag)
+                differs += mine != vllm
+    assert differs > 100  # the two tables do differ: the check above can tell them apart
+
+
+def test_device_sm_count_off_a_gpu():
+    if cfgmod.device_capability() is not None:
+        pytest.skip("a GPU is the default device")
+    cfgmod.device_sm_count.cache_clear()
+    assert cfgmod.device_sm_count() is None
+
+
+@pytest.mark.gpu
+def test_gpu_device_sm_count_is_the_cards():
+    """``Device.core_count`` is the SM count torch reports for the same card (what the
+    measured table's gate reads)."""
+    import torch
+
+    if cfgmod.device_capability() is None or not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU seen by both JAX and torch")
+    assert cfgmod.device_sm_count() == torch.cuda.get_device_properties(0).multi_processor_count
+
+
 def _load_034():
     return originals.load_or_skip("0.34.0")
 

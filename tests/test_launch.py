@@ -165,7 +165,8 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
     """implementation=None: Pallas first on a GPU, except where the measured Hopper table's entry
     names jax-triton (fp8: its one-warp entries from 25 programs, where the Pallas kernel
     spills under XLA's Triton, notes/pallas.md "Session 8", and 5-24 programs at 0.34.0's
-    tiling); vLLM's tables and explicit configs keep Pallas first; a
+    tiling); vLLM's tables keep Pallas first for bf16 and put jax-triton first for fp8 on a Hopper
+    (0.34.0's own launch), explicit configs keep Pallas first; a
     launch= record's implementation first; the CPU order stays XLA only."""
     import jax.numpy as jnp
 
@@ -200,6 +201,14 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
             assert config.sparse_attention_order(big)[0] == ("triton" if hopper else "pallas"), cap
         explicit = _problem(512, jnp.float8_e4m3fn, config=(32, 1, 65, 2))  # not measured this way
         assert config.sparse_attention_order(explicit)[0] == "pallas", cap
+        # vLLM's tables: on a Hopper fp8 runs jax-triton (0.34.0's own launch) at every size,
+        # bf16 keeps Pallas; elsewhere Pallas as before.
+        for rows in (1, 4, 12, 16, 64, 512, 4096):
+            fp8 = _problem(rows, jnp.float8_e4m3fn, config="vllm-0.34")
+            assert config.measured_entry(fp8) is None
+            assert config.sparse_attention_order(fp8)[0] == ("triton" if hopper else "pallas"), (cap, rows)
+            bf16_034 = _problem(rows, jnp.bfloat16, config="vllm-0.34")
+            assert config.sparse_attention_order(bf16_034)[0] == "pallas", (cap, rows)
         bf16 = _problem(512, jnp.bfloat16)
         assert config.sparse_attention_order(bf16) == ("pallas", "triton", "xla"), cap
         assert config.sparse_attention_order(fp8_1024, "pallas")[0] == "pallas"
@@ -210,6 +219,33 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
     monkeypatch.setattr(reg, "why_not", lambda name: None if name != "triton" else "no jax-triton")
     assert reg.choose(None, order=("triton", "pallas", "xla")) == "pallas"
     assert reg.choose(None, order=("xla", "pallas")) == "xla"
+
+
+@pytest.mark.parametrize("sm_count", [78, 114, 132])
+def test_hopper_with_another_sm_count_launches_vllms_table(sm_count, monkeypatch):
+    """On an sm_90 card the measured table was not measured on (H20: 78 SMs, H100 PCIe: 114) the
+    default call is vLLM 0.34.0's: its tiling, no Hopper split tweak, the originals' merge
+    layout (D whole on 2 warps), and for fp8 jax-triton first (0.34.0's own launch); on 132 SMs
+    the measured table's entry and its launch."""
+    import jax.numpy as jnp
+
+    from qsa_jax import _implementations, config
+
+    monkeypatch.setattr(_implementations, "backend", lambda: "gpu")
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    monkeypatch.setattr(config, "device_sm_count", lambda: sm_count)
+    measured = sm_count == 132
+    for rows in (1, 3, 8, 64, 512, 4096):
+        for dtype in (jnp.bfloat16, jnp.float8_e4m3fn):
+            p = _problem(rows, dtype)
+            vllm = _problem(rows, dtype, config="vllm-0.34")
+            assert (config.measured_entry(p) is not None) == measured, (rows, dtype)
+            if measured:
+                continue
+            assert p.config == vllm.config and config.triton_tiling(p) == p.config, (rows, dtype)
+            assert (config.triton_launch(p).merge_block_d, config.triton_launch(p).merge_warps) == (256, 2)
+            want = "triton" if dtype == jnp.float8_e4m3fn else "pallas"
+            assert config.sparse_attention_order(p)[0] == want, (rows, dtype)
 
 
 def test_prefill_entry_that_differs_only_in_implementation_keeps_its_own(monkeypatch):
