@@ -16,9 +16,10 @@ import jax
 IMPLEMENTATIONS = ("pallas", "triton", "xla")
 # On the GPU, Pallas first: on an H200 it matched or beat the jax-triton route at every
 # measured bf16 shape except the one-warp prefill tiling (notes/, bench/results/), and its
-# kernels are XLA-native, so they cost less launch time between calls. An fp8 cache where
-# the measured table's entry names "triton" (5-24 programs and the one-warp entries from 33
-# programs up) prefers jax-triton (config.sparse_attention_order).
+# kernels are XLA-native, so they cost less launch time between calls. An fp8 cache on a
+# Hopper where the measured table's entry names "triton" (5-24 programs and the one-warp
+# entries from 25 programs up), or on 0.34.0's table there, prefers jax-triton
+# (config.sparse_attention_order).
 # The interpreter is far too slow to be a default: on CPU, None means "xla".
 DEFAULT_ORDER = {"gpu": ("pallas", "triton", "xla"), "cpu": ("xla",)}
 

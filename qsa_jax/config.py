@@ -608,11 +608,12 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     4096, prefill flag (TP1)    1.37x                  1.05x
     ==========================  =====================  =====================
 
-    With vLLM's tables on a Hopper (``table="vllm-0.34"``, or a Hopper with another SM count
-    than the measured table's, ``MEASURED_SM_COUNTS``) an fp8 cache also runs jax-triton first:
-    there it is 0.34.0's own launch. Elsewhere -- 1-4 and 25-32 programs on the measured table
+    With 0.34.0's table on a Hopper (``table="vllm-0.34"``, or a Hopper with another SM count
+    than the measured table's, ``MEASURED_SM_COUNTS``) an fp8 cache also runs jax-triton first,
+    at every size: there it is 0.34.0's own launch (H100, session 29: 0.95-1.02x of 0.34.0 at
+    1-2048 programs, where Pallas ran up to 1.35x). Elsewhere -- 1-4 and 25-32 programs on the measured table
     (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling 0.98-1.02x), bf16 on vLLM's tables,
-    or an explicit ``config=`` (not measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
+    fp8 on 0.30.0's, or an explicit ``config=`` (not measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
     first of all (it names the implementation it is for). An fp8 cache on a GPU below sm_89
     (A100, A10: Triton has no e4m3 type there, and both kernels are Triton's) leaves only
     XLA, so ``implementation=None`` still runs; naming a kernel there raises.
@@ -629,13 +630,15 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     if entry is not None and entry.implementation in order:
         order = first(entry.implementation, order)
     elif entry is None and problem.is_fp8 and not problem.config_explicit and running_on_hopper() \
-            and "triton" in order:
-        # vLLM's tables on a Hopper (a card the measured table was not measured on, an H20 or
-        # H100 PCIe, or table="vllm-0.34"): their fp8 entries are one-warp launches from 25
-        # programs, where the Pallas kernel spills (above); jax-triton runs 0.34.0's kernel
-        # launch at 0.34.0's tiling (0.99-1.06x of it at 5-24 programs, 0.99-1.03x at 64-512,
-        # H200, sessions 10-11) where Pallas at 0.34.0's table ran 1.48-1.56x (TP1 256-2048 rows,
-        # H200, 2026-12-03).
+            and problem.table != "vllm-0.30" and "triton" in order:
+        # 0.34.0's table on a Hopper (a card the measured table was not measured on, an H20 or
+        # H100 PCIe, or table="vllm-0.34"): its fp8 entries at 25-2048 programs are one-warp
+        # launches, where the Pallas kernel spills (above). There jax-triton, 0.34.0's own
+        # launch, ran 0.95-1.02x of 0.34.0 and Pallas up to 1.35x (H100, session 29 call e,
+        # 1-2048 programs; H200, sessions 10-11: 0.99-1.06x at 5-24 programs, 0.99-1.03x at
+        # 64-512). Above 2048 programs the decode entry is 2 warps (64-wide, one split):
+        # jax-triton ran it at 1.00-1.01x of 0.34.0 (4096-8192 programs, H100, session 27 call
+        # g); Pallas there was not timed. 0.30.0's table (GB300's; 0.30.0 has no fp8) is not.
         order = first("triton", order)
     if launch_implementation in order:
         order = first(launch_implementation, order)
@@ -896,7 +899,7 @@ MERGE_SPLIT_D_MAX_PAIRS = 256
 # call's busy time (H100, session 29, bench/results/nvidia-h100_2026-12-06/session29/): at 192
 # and 240 pairs -0.12 to -0.28 µs (fp8) and -0.16 to -0.23 µs (bf16) in all eight cases, TP1
 # and TP4; at 96 pairs mixed (+0.17 / +0.08 fp8, -0.06 / -0.35 bf16), so the chunks stay there.
-# The Pallas merge went the other way in the same run (whole D +0.3 to +0.8 µs at 96-192 pairs).
+# The Pallas merge went the other way in the same run (whole D +0.08 to +0.77 µs at 96-192 pairs).
 TRITON_MERGE_SPLIT_D_MAX_PAIRS = 128
 
 

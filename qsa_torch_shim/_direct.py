@@ -198,8 +198,10 @@ def _scale_pair(head_dim: int, scales, device: torch.device) -> torch.Tensor:
 # 0.30.0's. The library's measured H200 bf16 table was tuned for the Pallas kernel; the
 # jax-triton kernels ran it 1.03-1.47x the faster original's kernel time at 64-2048 rows against
 # 0.95-1.03x for 0.30.0's table (exceptions: TP1 8 rows and TP4 512 rows; H200, session 11,
-# bench/results/nvidia-h200_2026-12-04/session11/). fp8 keeps the library's table, whose
-# entries from 5 programs up were measured with these kernels.
+# bench/results/nvidia-h200_2026-12-04/session11/). fp8 keeps the library's default: on a
+# 132-SM Hopper its measured table, whose entries from 5 programs up were measured with these
+# kernels; on a Hopper of another SM count 0.34.0's table (config.MEASURED_SM_COUNTS), where
+# these kernels are 0.34.0's own launch.
 BF16_DEFAULT_TABLE = "vllm-0.30"
 
 

@@ -40,3 +40,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _sm_count_unknown_off_gpu_tests(request, monkeypatch):
+    """Tests not marked gpu that pretend to be on a Hopper (``device_capability`` patched to
+    (9, 0)) mean the card the measured table was measured on: the real SM count of whatever
+    GPU runs them (an A100's 108, say) must not take the measured table away. Unknown (None)
+    is what a CPU run has; tests of the SM gate patch ``device_sm_count`` themselves."""
+    if "gpu" in request.keywords:
+        return
+    from qsa_jax import config
+
+    monkeypatch.setattr(config, "device_sm_count", lambda: None)

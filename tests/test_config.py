@@ -1,7 +1,7 @@
 """The tiling tables (pure Python). select_config with table="vllm-0.30" must return the
 originals' tuple for every input; the table is named, not left to the device. Below: vLLM 0.34.0's
 tables by compute capability against its own _select_config, and the sm_90 measured table (the
-default on a Hopper GPU) held to the committed measurements behind each entry."""
+default on a 132-SM Hopper: H100 SXM, H200) held to the committed measurements behind each entry."""
 
 import functools
 import json
@@ -313,11 +313,49 @@ def test_measured_table_only_on_its_sm_count(sm_count, measured, monkeypatch):
     assert differs > 100  # the two tables do differ: the check above can tell them apart
 
 
+def test_measured_entries_are_told_apart_by_their_stages():
+    """``measured_entry`` (and with it the Hopper split tweak, the merge layout and the
+    implementation order) tells a measured table's tiling from vLLM's by its pipeline stages:
+    every measured entry must set them and no vLLM entry may."""
+    def entries(table):
+        return [t for _, t in table.bands] + [table.large_decode, table.large_prefill]
+
+    for tables in cfgmod.MEASURED_TABLES.values():
+        for table in tables:
+            assert all(t.stages is not None for t in entries(table)), table.name
+    vllm = [cfgmod.GB300, *(t for pair in cfgmod.VLLM_034_TABLES.values() for t in pair)]
+    for table in vllm:
+        assert all(t.stages is None for t in entries(table)), table.name
+
+
+# The real reader, taken at import (conftest replaces it with "unknown" in tests not marked gpu).
+_DEVICE_SM_COUNT = cfgmod.device_sm_count
+
+
 def test_device_sm_count_off_a_gpu():
     if cfgmod.device_capability() is not None:
         pytest.skip("a GPU is the default device")
-    cfgmod.device_sm_count.cache_clear()
-    assert cfgmod.device_sm_count() is None
+    _DEVICE_SM_COUNT.cache_clear()
+    assert _DEVICE_SM_COUNT() is None
+
+
+@pytest.mark.parametrize("platform,count,want", [("gpu", 78, 78), ("gpu", 132, 132), ("gpu", 0, None),
+                                                 ("gpu", None, None), ("cpu", 8, None)])
+def test_device_sm_count_reads_core_count_of_a_gpu(platform, count, want, monkeypatch):
+    """Only a GPU's ``core_count`` counts SMs (a positive int); anything else is unknown."""
+    import types
+
+    import jax
+
+    device = types.SimpleNamespace(platform=platform)
+    if count is not None:
+        device.core_count = count
+    monkeypatch.setattr(jax, "devices", lambda *a: [device])
+    _DEVICE_SM_COUNT.cache_clear()
+    try:
+        assert _DEVICE_SM_COUNT() == want
+    finally:
+        _DEVICE_SM_COUNT.cache_clear()
 
 
 @pytest.mark.gpu

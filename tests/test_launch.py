@@ -165,8 +165,8 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
     """implementation=None: Pallas first on a GPU, except where the measured Hopper table's entry
     names jax-triton (fp8: its one-warp entries from 25 programs, where the Pallas kernel
     spills under XLA's Triton, notes/pallas.md "Session 8", and 5-24 programs at 0.34.0's
-    tiling); vLLM's tables keep Pallas first for bf16 and put jax-triton first for fp8 on a Hopper
-    (0.34.0's own launch), explicit configs keep Pallas first; a
+    tiling); 0.34.0's table puts jax-triton first for fp8 on a Hopper (0.34.0's own launch),
+    bf16 there, 0.30.0's table and explicit configs keep Pallas first; a
     launch= record's implementation first; the CPU order stays XLA only."""
     import jax.numpy as jnp
 
@@ -209,6 +209,8 @@ def test_implementation_order_prefers_jax_triton_for_fp8_on_hopper(monkeypatch):
             assert config.sparse_attention_order(fp8)[0] == ("triton" if hopper else "pallas"), (cap, rows)
             bf16_034 = _problem(rows, jnp.bfloat16, config="vllm-0.34")
             assert config.sparse_attention_order(bf16_034)[0] == "pallas", (cap, rows)
+            fp8_030 = _problem(rows, jnp.float8_e4m3fn, config="vllm-0.30")  # GB300's: not timed
+            assert config.sparse_attention_order(fp8_030)[0] == "pallas", (cap, rows)
         bf16 = _problem(512, jnp.bfloat16)
         assert config.sparse_attention_order(bf16) == ("pallas", "triton", "xla"), cap
         assert config.sparse_attention_order(fp8_1024, "pallas")[0] == "pallas"
