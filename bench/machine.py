@@ -74,6 +74,9 @@ def describe(gpu: bool) -> dict:
         from qsa_jax.ops import _triton_images
 
         info["jax_triton_assembler"] = _triton_images.assembler_in_use()
+        from qsa_jax import config
+
+        info["default_tiling_tables"] = config.default_table_names()
         try:
             q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
                                 "clocks.max.mem", "--format=csv,noheader", "-i", "0"],

@@ -98,6 +98,9 @@ def markdown(run: RunResult) -> str:
         "- versions: " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + f", python {m['python']}",
         *([f"- jax-triton kernels under JAX assembled by: {m['jax_triton_assembler']}"]
           if m.get("jax_triton_assembler") else []),
+        *([f"- default tiling tables (`config.default_table_names`): "
+           + ", ".join(f"{k} {x}" for k, x in m["default_tiling_tables"].items())]
+          if m.get("default_tiling_tables") else []),
         f"- commit: {m.get('git_commit')}{' (dirty tree)' if m.get('git_dirty') else ''}; "
         f"run took {run.wall_s or 0:.0f} s",
         f"- measured device-copy bandwidth: **{cb['gbps']:,.0f} GB/s** ({cb['method']}; bytes read + written)",

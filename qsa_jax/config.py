@@ -329,18 +329,31 @@ def table_tiling(
     """
     if table is not None and table not in TABLE_NAMES:
         raise ValueError(f"table must be one of {TABLE_NAMES} or None; got {table!r}")
-    if table == "vllm-0.30":
-        return GB300.pick(programs, use_prefill_config)
     cap = device_capability() if capability is None else _as_capability(capability)
-    # The current device's (capability None) only where it is the card they were measured on.
-    measured = table is None and (measured_tables_apply(cap) if capability is None else cap in MEASURED_TABLES)
-    tables = MEASURED_TABLES[cap] if measured else None
-    if tables is not None:
-        return tables[bool(is_fp8)].pick(programs, use_prefill_config)
-    tiling = VLLM_034_TABLES.get(cap, (GB300, GB300))[bool(is_fp8)].pick(programs, use_prefill_config)
-    if is_fp8 and cap in VLLM_034_FP8_OVERRIDES:
+    tables = _tables(cap, table, current_device=capability is None)
+    tiling = tables[bool(is_fp8)].pick(programs, use_prefill_config)
+    # 0.34.0's own fp8 overrides (sm_80), on 0.34.0's choice only.
+    if is_fp8 and table != "vllm-0.30" and tables is not MEASURED_TABLES.get(cap) \
+            and cap in VLLM_034_FP8_OVERRIDES:
         tiling = tiling._replace(**VLLM_034_FP8_OVERRIDES[cap])
     return tiling
+
+
+def _tables(cap, table: str | None, *, current_device: bool) -> tuple[TilingTable, TilingTable]:
+    """(bf16, fp8) tables for ``table`` on capability ``cap`` (``table_tiling`` says which)."""
+    if table == "vllm-0.30":
+        return GB300, GB300
+    # The current device's measured tables only where it is the card they were measured on.
+    if table is None and (measured_tables_apply(cap) if current_device else cap in MEASURED_TABLES):
+        return MEASURED_TABLES[cap]
+    return VLLM_034_TABLES.get(cap, (GB300, GB300))
+
+
+def default_table_names() -> dict[str, str]:
+    """The names of the tables ``table=None`` picks from on the current device, per cache dtype
+    (the benchmark records them: which table ran depends on the card's SM count, too)."""
+    bf16, fp8 = _tables(device_capability(), None, current_device=True)
+    return {"bf16": bf16.name, "fp8": fp8.name}
 
 
 def select_config(

@@ -414,6 +414,20 @@ def test_committed_results_load_and_render_unchanged():
     assert md == (NEWEST_GRID / "results.md").read_text()
 
 
+def test_report_names_the_default_tiling_tables():
+    """The results header names the default tables where the run recorded them (which table ran
+    depends on the card's SM count); results without the field render as before."""
+    from bench import report
+    from bench.records import load
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    run = load(repo / "bench/results/nvidia-h100_2026-12-06/session29/call_c/decode_fp8/results.json")
+    assert "default tiling tables" not in report.markdown(run)
+    machine = {**run.machine, "default_tiling_tables": {"bf16": "sm90-bf16", "fp8": "sm90-fp8"}}
+    md = report.markdown(dataclasses.replace(run, machine=machine))
+    assert "- default tiling tables (`config.default_table_names`): bf16 sm90-bf16, fp8 sm90-fp8" in md
+
+
 def test_records_round_trip_and_flags(tmp_path):
     """A record of every part survives to_json -> JSON text -> from_json; unset fields are
     left out of the JSON; ``failed`` is an error or a failed check."""

@@ -328,6 +328,24 @@ def test_measured_entries_are_told_apart_by_their_stages():
         assert all(t.stages is None for t in entries(table)), table.name
 
 
+@pytest.mark.parametrize("cap,sm_count,want", [
+    (None, None, ("gb300", "gb300")), ((9, 0), 132, ("h200-bf16-measured", "h200-fp8-measured")),
+    ((9, 0), None, ("h200-bf16-measured", "h200-fp8-measured")), ((9, 0), 78, ("sm90-bf16", "sm90-fp8")),
+    ((12, 0), 188, ("sm120-bf16", "sm120-fp8")), ((8, 0), 108, ("gb300", "gb300"))])
+def test_default_table_names(cap, sm_count, want, monkeypatch):
+    """The names the benchmark records are the tables the default call picks from."""
+    monkeypatch.setattr(cfgmod, "device_capability", lambda: cap)
+    monkeypatch.setattr(cfgmod, "device_sm_count", lambda: sm_count)
+    assert cfgmod.default_table_names() == dict(zip(("bf16", "fp8"), want))
+    by_name = {t.name: t for t in [cfgmod.GB300, *(t for pair in (*cfgmod.VLLM_034_TABLES.values(),
+                                                                  *cfgmod.MEASURED_TABLES.values()) for t in pair)]}
+    for fp8, name in ((False, want[0]), (True, want[1])):
+        if cap == (8, 0) and fp8:
+            continue  # 0.34.0's sm_80 override changes GB300's fp8 tiles
+        for programs in (1, 8, 100, 600, 3000):
+            assert cfgmod.table_tiling(programs, False, is_fp8=fp8) == by_name[name].pick(programs, False)
+
+
 # The real reader, taken at import (conftest replaces it with "unknown" in tests not marked gpu).
 _DEVICE_SM_COUNT = cfgmod.device_sm_count
 
