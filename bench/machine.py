@@ -71,11 +71,10 @@ def describe(gpu: bool) -> dict:
     if gpu:
         dev = jax.devices()[0]
         info["card"] = getattr(dev, "device_kind", str(dev))
+        from qsa_jax import config
         from qsa_jax.ops import _triton_images
 
         info["jax_triton_assembler"] = _triton_images.assembler_in_use()
-        from qsa_jax import config
-
         info["default_tiling_tables"] = config.default_table_names()
         try:
             q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"

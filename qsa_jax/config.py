@@ -624,12 +624,13 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     With 0.34.0's table on a Hopper (``table="vllm-0.34"``, or a Hopper with another SM count
     than the measured table's, ``MEASURED_SM_COUNTS``) an fp8 cache also runs jax-triton first,
     at every size: there it is 0.34.0's own launch (H100, session 29: 0.95-1.02x of 0.34.0 at
-    1-2048 programs, where Pallas ran up to 1.35x). Elsewhere -- 1-4 and 25-32 programs on the measured table
-    (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling 0.98-1.02x), bf16 on vLLM's tables,
-    fp8 on 0.30.0's, or an explicit ``config=`` (not measured this way) -- Pallas stays first. A ``launch=`` record's implementation goes
-    first of all (it names the implementation it is for). An fp8 cache on a GPU below sm_89
-    (A100, A10: Triton has no e4m3 type there, and both kernels are Triton's) leaves only
-    XLA, so ``implementation=None`` still runs; naming a kernel there raises.
+    1-2048 programs, where Pallas ran up to 1.35x). Elsewhere -- 1-4 and 25-32 programs on the
+    measured table (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling 0.98-1.02x), bf16 on
+    vLLM's tables, fp8 on 0.30.0's, or an explicit ``config=`` (not measured this way) -- Pallas
+    stays first. A ``launch=`` record's implementation goes first of all (it names the
+    implementation it is for). An fp8 cache on a GPU below sm_89 (A100, A10: Triton has no
+    e4m3 type there, and both kernels are Triton's) leaves only XLA, so
+    ``implementation=None`` still runs; naming a kernel there raises.
     """
     from qsa_jax._implementations import DEFAULT_ORDER, backend
 
@@ -658,12 +659,12 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     return order
 
 
-# jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2
-# at every shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does,
-# on 2 warps like the Pallas merge (with its own pair threshold since session 29). Whole D: 2 against 4 warps 4.0 against 7.1 µs at 256
-# programs, 31.5 against 46.1 µs at 2048 (H200, fp8, TP1, session 8). 64-wide chunks (decode,
-# 24-192 (row, head) pairs; they had kept an early 4): 2 warps 2.4-3.4 against 2.4-4.1 µs
-# per merge, the call 0.1-4.2% faster, the same at 24 pairs (H100, fp8, session 25,
+# jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2 at every
+# shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does, on 2 warps like
+# the Pallas merge (with its own pair threshold since session 29). Whole D: 2 against 4 warps 4.0
+# against 7.1 µs at 256 programs, 31.5 against 46.1 µs at 2048 (H200, fp8, TP1, session 8). 64-wide
+# chunks (decode, 24-192 (row, head) pairs; they had kept an early 4): 2 warps 2.4-3.4 against
+# 2.4-4.1 µs per merge, the call 0.1-4.2% faster, the same at 24 pairs (H100, fp8, session 25,
 # bench/results/nvidia-h100_2026-12-06/session25/call_a/).
 TRITON_NUM_STAGES = 2
 TRITON_MERGE_WARPS = 2
@@ -731,13 +732,13 @@ def jax_triton_images_from_triton_ptxas() -> bool:
     (``ops/_triton_images.py``), rather than what jaxlib assembles from the same PTX with XLA's
     ptxas. The machine code then equals what the shim's torch route and vLLM's originals run.
 
-    Measured on an H100 (2026-12-06, session 28, one process, the same fresh inputs): CUDA
-    13.0's ptxas (XLA's) schedules the split kernel 2.5-3.9% slower than Triton 3.6's bundled 12.8
-    at TP1 fp8 16-64 rows, and level at 8 and 1024 rows and TP4 32. JAX's route ran as slow as
-    the torch route put on 13.0. With JAX's assembly sent to 12.8 (a ptxas wrapper, same call),
-    JAX/torch went from 1.027-1.045 to 0.998-1.003 at 16-64 rows. bench/results/nvidia-h100_2026-12-06/session28/
-    has the numbers. A function so that tests and the benchmark can switch it; read when JAX
-    lowers a jitted function.
+    Measured on an H100 (2026-12-06, session 28, one process, the same fresh inputs): CUDA 13.0's
+    ptxas (XLA's) schedules the split kernel 2.5-3.9% slower than Triton 3.6's bundled 12.8 at TP1
+    fp8 16-64 rows, and level at 8 and 1024 rows and TP4 32. JAX's route ran as slow as the torch
+    route put on 13.0. With JAX's assembly sent to 12.8 (a ptxas wrapper, same call), JAX/torch
+    went from 1.027-1.045 to 0.998-1.003 at 16-64 rows.
+    bench/results/nvidia-h100_2026-12-06/session28/ has the numbers. A function so that tests and
+    the benchmark can switch it; read when JAX lowers a jitted function.
     """
     return True
 

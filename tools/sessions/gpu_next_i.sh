@@ -8,18 +8,11 @@
 # 0.34.0 but for a few decode cases within 1-2%.
 # On an H100 (the grid there: session 24): the decode standing after sessions 28-29 (Triton's own
 # cubins for JAX's jax-triton launches, the jax-triton merge's D whole from 129 pairs), as session
-# 26's call c: 1-256 rows, bf16 and fp8, auto against 0.30.0 and 0.34.0, busy time. Prediction:
-# auto <= 1.01x of the faster original at every row of both dtypes (session 26: up to 1.03x).
+# 26's call c (whose H100 branch this runs): 1-256 rows, bf16 and fp8, auto against 0.30.0 and
+# 0.34.0, busy time. Prediction: auto <= 1.01x of the faster original at every row of both dtypes
+# (session 26: up to 1.03x).
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 if [[ "$card" == *H200* ]]; then
   exec bash tools/sessions/gpu_session29_a.sh
 fi
-source tools/gpu_env.sh
-set -o pipefail
-dir="$OUT/$(echo "$card" | tr 'A-Z ' 'a-z-')_$(date +%F)_decode"
-timeout -s TERM 300 python3 -m bench.run --op sparse --impl original,original034,auto \
-  --kv-dtype bf16,fp8 --rows 1,2,4,8,16,32,64,128,256 --trace-rows 256 --n-calls 10 --eager-calls 5 \
-  --no-progress --no-plot --out "$dir" --tp TP1,TP4 > "$OUT/decode.log" 2>&1
-echo "decode grid rc=$?"; rm -f "$dir/results.partial.json"; tail -n 2 "$OUT/decode.log"
-python3 tools/busy_table.py "$dir/results.md" | cut -d'|' -f3,4,6,7,15,16
-true
+exec bash tools/sessions/gpu_session26_c.sh
