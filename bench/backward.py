@@ -112,16 +112,16 @@ def default_backward_order(order: str | None):
     row ran the default kernel)."""
     from qsa_jax.ops.sparse_attention import backward_pallas
 
-    previous = backward_pallas.DEFAULT_ORDER
+    previous = backward_pallas.DEFAULT_WALK
     if order is None or order == previous:
         yield
         return
-    backward_pallas.DEFAULT_ORDER = order
+    backward_pallas.DEFAULT_WALK = order
     jax.clear_caches()
     try:
         yield
     finally:
-        backward_pallas.DEFAULT_ORDER = previous
+        backward_pallas.DEFAULT_WALK = previous
         jax.clear_caches()
 
 

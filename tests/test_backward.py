@@ -542,7 +542,7 @@ def test_default_order_is_inverted_where_it_launches(monkeypatch):
     explicit order is checked, not replaced."""
     from qsa_jax.ops.sparse_attention import backward_pallas as BP
 
-    assert BP.DEFAULT_ORDER == "inverted" and BP.FALLBACK_ORDER == "selection"
+    assert BP.DEFAULT_WALK == "inverted" and BP.FALLBACK_WALK == "selection"
     p16, p8, p48 = (_problem(_case(page=page, context=96, edges=False)[0]) for page in (16, 8, 48))
     assert BP.resolve_order(p16, None) == "inverted"
     assert BP.resolve_order(p8, None) == "selection"  # 16 does not divide 8

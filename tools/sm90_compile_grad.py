@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--dq-warps", type=int, default=None, help="backward_pallas.INVERTED_DQ_WARPS")
     ap.add_argument("--inverted-warps", type=int, default=None, help="backward_pallas.INVERTED_WARPS")
     ap.add_argument("--acq-rel-atomics", action="store_true")
-    ap.add_argument("--order", default=None, help="backward_pallas.ORDERS (default: DEFAULT_ORDER)")
+    ap.add_argument("--order", default=None, help="backward_pallas.ORDERS (default: DEFAULT_WALK)")
     a = ap.parse_args()
 
     import numpy as np
@@ -68,7 +68,7 @@ def main() -> int:
     if a.inverted_warps:
         backward_pallas.INVERTED_WARPS = a.inverted_warps
     backward_pallas.RELAXED_ATOMICS = not a.acq_rel_atomics
-    backward_pallas.DEFAULT_ORDER = a.order or backward_pallas.DEFAULT_ORDER
+    backward_pallas.DEFAULT_WALK = a.order or backward_pallas.DEFAULT_WALK
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     ptxas, cuobjdump = os.path.join(bin_dir, "ptxas"), os.path.join(bin_dir, "cuobjdump")
     checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]

@@ -93,8 +93,8 @@ ORDERS = ("selection", "sorted", "inverted")
 # at TP4 1024, 9.64 against 19.74 ms for one 2048-token sequence; temp memory 6-185 MB
 # against up to ~2 GB with one request per row (the selection walk's fp32 accumulator over
 # the cache; 142-288 MB for one long sequence, whose named pages are few).
-DEFAULT_ORDER = "inverted"
-FALLBACK_ORDER = "selection"
+DEFAULT_WALK = "inverted"
+FALLBACK_WALK = "selection"
 # The inverted kernel: cache slots per program (a multiple of the selection's 4-token
 # blocks; >= 16 for Triton's dots; must divide the page size) and (row, query head)
 # lanes per step of its walk (the M of its dots). Compiled for sm_90 on the CPU machine
@@ -552,24 +552,24 @@ def pallas_backward(problem: SparseAttentionProblem, q, kv_arrays, logical_indic
 
 def resolve_order(p: SparseAttentionProblem, order: str | None) -> str:
     """The walk ``pallas_backward`` takes: ``order`` when given (checked against ``ORDERS``);
-    for None ``DEFAULT_ORDER``, unless that is "inverted" and it cannot launch here at its
+    for None ``DEFAULT_WALK``, unless that is "inverted" and it cannot launch here at its
     default knobs (its 16-slot blocks must divide the page size; R x W below 2**31 entries),
-    then ``FALLBACK_ORDER`` -- so a small or odd page size still gets a gradient. The
+    then ``FALLBACK_WALK`` -- so a small or odd page size still gets a gradient. The
     choice never depends on the caller's knobs: those apply to the walk chosen here and are
     checked against it (an error names the walk), never silently reinterpreted."""
     if order is not None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
         return order
-    if DEFAULT_ORDER != "inverted":
-        return DEFAULT_ORDER
+    if DEFAULT_WALK != "inverted":
+        return DEFAULT_WALK
     try:
         _check_inverted_launch(p.kv, INVERTED_BLOCK_ROWS, INVERTED_LANES, interpret())
     except ValueError:
-        return FALLBACK_ORDER
+        return FALLBACK_WALK
     if p.num_rows * p.selection_width >= 2**31:
-        return FALLBACK_ORDER
-    return DEFAULT_ORDER
+        return FALLBACK_WALK
+    return DEFAULT_WALK
 
 
 def _check_inverted_launch(kv, block_rows: int, lanes: int, interpreted: bool):
