@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -129,3 +130,41 @@ def _triton_ptxas() -> str:
     import triton
 
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def _script_invocations(path):
+    """(module or script, flags) for every ``python3 -m bench.<m>`` / ``python3 tools/<x>.py`` in
+    a shell script: continuation lines joined, the command cut at its redirection or pipe."""
+    text = open(path).read().replace("\\\n", " ")
+    found = []
+    for line in text.splitlines():
+        for m in re.finditer(r"python3? (?:-m (bench\.\w+)|(tools/\w+\.py))", line):
+            rest = re.split(r"\s[0-9]?>|\s\||;|&&", line[m.end():])[0]
+            flags = sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest)))
+            found.append((m.group(1) or m.group(2), flags))
+    return found
+
+
+def test_gpu_scripts_pass_flags_their_programs_take():
+    """Every flag a standing GPU script (tools/*.sh, tools/sessions/gpu_next_*.sh) passes to a
+    bench module or tools/ script is one that program's ``--help`` lists: a renamed or dropped
+    flag otherwise shows only as an argparse error on a lent GPU (tools/gpu_verify.sh passed the
+    removed ``--relaxed-atomics`` to bench.backward until session 30)."""
+    import glob
+
+    scripts = sorted(glob.glob(os.path.join(ROOT, "tools", "*.sh"))
+                     + glob.glob(os.path.join(ROOT, "tools", "sessions", "gpu_next_*.sh")))
+    wanted = {}
+    for path in scripts:
+        for program, flags in _script_invocations(path):
+            wanted.setdefault(program, {}).update({f: os.path.relpath(path, ROOT) for f in flags})
+    assert {"bench.backward", "bench.run", "tools/memcheck.py"} <= set(wanted), sorted(wanted)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    missing = []
+    for program, flags in sorted(wanted.items()):
+        cmd = [sys.executable, "-m", program] if program.startswith("bench.") else [sys.executable, program]
+        res = subprocess.run(cmd + ["--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, (program, res.stderr[-2000:])
+        listed = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", res.stdout))
+        missing += [f"{script}: {program} {flag}" for flag, script in sorted(flags.items()) if flag not in listed]
+    assert not missing, missing

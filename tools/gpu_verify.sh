@@ -20,5 +20,5 @@ QSA_GRAD_ROWS=${QSA_GRAD_ROWS:-1,1024} \
   tests/test_shim_vllm034.py tests/test_gpu_backward.py > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
 timeout -s TERM "${BENCH_TIMEOUT:-100}" python3 -m bench.backward --tp TP1 --rows "${BWD_ROWS:-1024}" \
-  --relaxed-atomics --autodiff --out "$OUT/backward" > "$OUT/bench_backward.log" 2>&1
+  --autodiff --out "$OUT/backward" > "$OUT/bench_backward.log" 2>&1
 echo "bench.backward rc=$?"; grep -E "^\| TP" "$OUT/bench_backward.log" | tail -12
