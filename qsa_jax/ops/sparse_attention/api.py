@@ -91,7 +91,7 @@ def sparse_attention(
         ``config.sparse_attention_order`` (GPU: Pallas, then jax-triton, then XLA;
         jax-triton first for an fp8 cache on Hopper where the measured table's entry names
         it -- 5-24 programs and the one-warp entries from 25 programs -- and at every size
-        on 0.34.0's table there: ``table="vllm-0.34"``, or a Hopper of another SM count).
+        on 0.34.0's table there: ``config="vllm-0.34"``, or a Hopper of another SM count).
       k_scale, v_scale: vLLM 0.34.0's per-layer dequantisation scales (floats > 0),
         required for an fp8 cache: scores use D^-0.5 * k_scale, the output is
         scaled by v_scale. They are kernel operands, not compile-time constants: a
