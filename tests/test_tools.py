@@ -168,3 +168,17 @@ def test_gpu_scripts_pass_flags_their_programs_take():
         listed = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", res.stdout))
         missing += [f"{script}: {program} {flag}" for flag, script in sorted(flags.items()) if flag not in listed]
     assert not missing, missing
+
+
+def test_gpu_scripts_name_files_that_exist():
+    """The test files, tools and session scripts a standing GPU script names exist (a rename
+    otherwise shows as 'file not found' on a lent GPU)."""
+    import glob
+
+    scripts = sorted(glob.glob(os.path.join(ROOT, "tools", "*.sh"))
+                     + glob.glob(os.path.join(ROOT, "tools", "sessions", "gpu_next_*.sh")))
+    named = {(os.path.relpath(path, ROOT), name) for path in scripts
+             for name in re.findall(r"(?<![\w/.-])((?:tests|tools)/[\w/]+\.(?:py|sh))", open(path).read())}
+    assert any(name.startswith("tests/") for _, name in named) and len(named) > 20, sorted(named)
+    missing = sorted(f"{script}: {name}" for script, name in named if not os.path.exists(os.path.join(ROOT, name)))
+    assert not missing, missing
