@@ -159,7 +159,9 @@ def test_gpu_scripts_pass_flags_their_programs_take():
         for program, flags in _script_invocations(path):
             wanted.setdefault(program, {}).update({f: os.path.relpath(path, ROOT) for f in flags})
     assert {"bench.backward", "bench.run", "tools/memcheck.py"} <= set(wanted), sorted(wanted)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # The repository on the path, as tools/gpu_env.sh puts it for the scripts.
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + (os.pathsep + path if path else "")}
     missing = []
     for program, flags in sorted(wanted.items()):
         cmd = [sys.executable, "-m", program] if program.startswith("bench.") else [sys.executable, program]
