@@ -531,7 +531,6 @@ def _with_override(default, override):
 # 2, as the originals (with 0.30.0's tilings 3 stages were slower on Hopper, docs/spec.md §9;
 # the measured H200 table sets 3 where it measured faster).
 PALLAS_NUM_STAGES = 2
-PALLAS_MERGE_WARPS = 2
 
 
 def measured_entry(problem: "SparseAttentionProblem") -> Tiling | None:
@@ -558,7 +557,7 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
       ``PALLAS_NUM_STAGES``.
     Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton kernel's
     is off everywhere since session 11, ``triton_prefetch``).
-    The merge's D chunk: ``merge_block_d``; with ``merge="fused"``
+    The merge's D chunk and warps: ``merge_layout`` over ``PALLAS_MERGE_LAYOUTS``; with ``merge="fused"``
     ``pallas_fused_merge_block_d`` unless the override sets it.
     """
     cfg = problem.config
@@ -568,10 +567,11 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
         warps = measured_entry(problem).pallas_warps or warps
     elif not problem.config_explicit and running_on_hopper():
         warps = 2 if cfg.num_warps == 1 else cfg.num_warps
+    merge_d, merge_warps = merge_layout(problem.num_rows * problem.num_query_heads, problem.head_dim,
+                                        PALLAS_MERGE_LAYOUTS)
     default = PallasLaunch(
         num_warps=warps, num_stages=stages, prefetch=False,
-        merge_block_d=merge_block_d(problem.num_rows * problem.num_query_heads, problem.head_dim),
-        merge_warps=PALLAS_MERGE_WARPS, merge="separate")
+        merge_block_d=merge_d, merge_warps=merge_warps, merge="separate")
     launch = _with_override(default, problem.launch)
     if launch.merge == "fused" and (problem.launch is None or problem.launch.merge_block_d is None):
         launch = dataclasses.replace(launch, merge_block_d=pallas_fused_merge_block_d(
@@ -660,14 +660,10 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
 
 
 # jax-triton launch constants (notes/triton.md): 1 and 3 stages measured slower than 2 at every
-# shape; the merge's D chunk follows ``merge_block_d`` as the Pallas merge's does, on 2 warps like
-# the Pallas merge (with its own pair threshold since session 29). Whole D: 2 against 4 warps 4.0
-# against 7.1 µs at 256 programs, 31.5 against 46.1 µs at 2048 (H200, fp8, TP1, session 8). 64-wide
-# chunks (decode, 24-192 (row, head) pairs; they had kept an early 4): 2 warps 2.4-3.4 against
-# 2.4-4.1 µs per merge, the call 0.1-4.2% faster, the same at 24 pairs (H100, fp8, session 25,
-# bench/results/nvidia-h100_2026-12-06/session25/call_a/).
+# shape. The merge's layout: ``merge_layout`` over ``TRITON_MERGE_LAYOUTS`` on the measured table;
+# elsewhere the originals' (D whole on ``MERGE_WHOLE_D_WARPS`` = 2 warps: 4.0 against 7.1 µs on 4
+# warps at 256 programs, 31.5 against 46.1 µs at 2048; H200, fp8, TP1, session 8).
 TRITON_NUM_STAGES = 2
-TRITON_MERGE_WARPS = 2
 
 
 def triton_prefetch(block_n: int, num_splits: int, num_warps: int) -> bool:
@@ -715,15 +711,15 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     # 0.30.0's table, 64 splits: 3.43e-4 -> 3.42e-4 from vLLM 0.30.0; the split tweak of
     # ``triton_tiling`` was the cause; with both, bit-identical; H200, session 12,
     # bench/results/nvidia-h200_2026-12-04/session12/). Its cost at decode against the 64-wide
-    # chunks, which ``merge_block_d`` chose for speed there, not timed.
-    chunked = measured_entry(problem) is not None
-    block_d = merge_block_d(pairs, problem.head_dim, TRITON_MERGE_SPLIT_D_MAX_PAIRS) if chunked \
-        else problem.head_dim
+    # chunks, which ``merge_layout`` chose for speed there, not timed.
+    if measured_entry(problem) is not None:
+        merge_d, merge_warps = merge_layout(pairs, problem.head_dim, TRITON_MERGE_LAYOUTS)
+    else:
+        merge_d, merge_warps = problem.head_dim, MERGE_WHOLE_D_WARPS
     default = TritonLaunch(
         num_warps=cfg.num_warps, num_stages=TRITON_NUM_STAGES,
         prefetch=triton_prefetch(cfg.block_n, cfg.num_splits, cfg.num_warps),
-        merge_block_d=block_d,
-        merge_warps=TRITON_MERGE_WARPS)
+        merge_block_d=merge_d, merge_warps=merge_warps)
     return _with_override(default, problem.launch)
 
 
@@ -905,43 +901,48 @@ def triton_fp8_gluon_values_shared() -> bool:
     return False
 
 
-# The merge's D chunk when the batch is small: the jax-triton merge's 64 (notes/triton.md).
-MERGE_SMALL_BATCH_BLOCK_D = 64
-# Up to this many (row, head) pairs the Pallas merge splits D, for more programs than SMs.
-MERGE_SPLIT_D_MAX_PAIRS = 256
-# ... and the jax-triton merge. Whole D on 2 warps (0.34.0's layout) against 64-wide chunks, the
-# call's busy time (H100, session 29, bench/results/nvidia-h100_2026-12-06/session29/): at 192
-# and 240 pairs -0.12 to -0.28 µs (fp8) and -0.16 to -0.23 µs (bf16) in all eight cases, TP1
-# and TP4; at 96 pairs mixed (+0.17 / +0.08 fp8, -0.06 / -0.35 bf16), so the chunks stay there.
-# The Pallas merge went the other way in the same run (whole D +0.08 to +0.77 µs at 96-192 pairs).
-TRITON_MERGE_SPLIT_D_MAX_PAIRS = 128
+# The split merge's layout by the number of (row, head) pairs it merges: rows of
+# (up to this many pairs, D columns per program, warps), the first that fits; above the last
+# (or where the chunk does not divide D) one program per pair over D whole on
+# ``MERGE_WHOLE_D_WARPS``. Small batches want D in chunks, for more programs than SMs; many
+# pairs want D whole, the chunks only adding programs. History (notes/triton.md,
+# notes/pallas.md): the jax-triton merge had kept 64-wide chunks everywhere, and D whole cut it
+# from 23.3 to 9.6 µs at 256 programs (H200, fp8, TP1, 8 splits, session 8); 2 warps beat 4
+# at 48-192 pairs (session 25); D whole on 2 warps beat 64-wide chunks on 2 warps by 0.12-0.28
+# µs for jax-triton at 192-240 pairs and lost for Pallas at 96-192 (session 29).
+#
+# Session 30 (H100, bench/results/nvidia-h100_2026-12-06/session30/call_e/, bench.decode_sweep
+# --variants merge: the call's busy time, each layout in one process on the same inputs) timed
+# 1 warp for the first time. jax-triton, fp8 and bf16 alike (TP1 1-64 rows, TP4 4-64; the
+# default's µs -> the row's layout): 24 pairs 7.99 -> 7.46 (TP1 fp8), 9.09 -> 8.55 (TP1 bf16),
+# 8.81 -> 8.44 (TP4 fp8), 10.38 -> 10.02 (TP4 bf16), 32-wide ahead of 64-wide by 0.03-0.17 but for
+# TP4 bf16 (0.02 behind); 48-192 pairs 64-wide on 1 warp fastest in all eleven cases, by
+# 0.07-0.80 µs (TP1 fp8 8 rows 17.04 -> 16.56, where 0.34.0 ran 16.72-16.82 in calls b and c);
+# 384 pairs level (TP1 fp8 28.85 against 28.84) or slower (TP4 fp8 39.56
+# against 39.27), and from 768 slower by 0.85-2.3 µs, so D whole there.
+# Pallas, bf16 (TP1 1-16 rows, TP4 4 and 8; cut by its timeout before TP4 16): 32-wide on 1 warp
+# fastest at 24-96 pairs in all four cases, by 0.11-0.25 µs; at 192 / 384 pairs (TP1 only) 128-wide
+# on 1 warp was 0.45 / 0.39 µs ahead of the default, not adopted until timed at TP4 as well.
+# Every layout's output was held to the fidelity contract against the default's (rel <= 1e-4).
+TRITON_MERGE_LAYOUTS = ((24, 32, 1), (192, 64, 1))
+PALLAS_MERGE_LAYOUTS = ((96, 32, 1), (256, 64, 2))
+MERGE_WHOLE_D_WARPS = 2
 
 
-def merge_block_d(pairs: int, head_dim: int, max_pairs: int | None = None) -> int:
-    """D columns per program of the split merge, for ``pairs`` = rows x heads: chunks of
-    ``MERGE_SMALL_BATCH_BLOCK_D`` up to ``max_pairs`` pairs (the Pallas merge's
-    ``MERGE_SPLIT_D_MAX_PAIRS`` unless given; the jax-triton merge passes
-    ``TRITON_MERGE_SPLIT_D_MAX_PAIRS``), D whole above.
+def merge_layout(pairs: int, head_dim: int, layouts) -> tuple[int, int]:
+    """(D columns per program, warps) of the split merge for ``pairs`` = rows x query heads,
+    from ``layouts`` (``TRITON_MERGE_LAYOUTS`` or ``PALLAS_MERGE_LAYOUTS``).
 
-    The same arithmetic for every element, but on the GPU the sum over splits can
-    associate differently with another block shape (last-bit differences before the
-    bf16 rounding, seen at 4 rows TP1 in bench.decode_sweep; none at 1 row; none in
-    interpret mode); parity with the originals is tested at both settings. At decode
-    one program per (row, head) gives 6-24 programs for 132 SMs, each a chain of
-    dependent loads over the whole [splits, D] slab: the H200 trace had the
-    Pallas merge at 3.6-4.0 µs per call at 1 row against 2.0-2.3 µs for the jax-triton
-    merge, which splits D in 64-wide chunks. With many pairs the chunks only add
-    programs (the jax-triton merge was 2.7x slower than the Pallas one at 64 rows,
-    TP1), so D stays whole there. The jax-triton merge had kept its 64 everywhere: on the
-    H200 with an fp8 cache (2026-12-03, `bench/results/nvidia-h200_2026-12-03/session8/`)
-    D whole cut it from 23.3 to 9.6 µs at 256 programs (TP1, 8 splits) and from 52.2 to 24.3
-    µs at 1024 (4 splits); it follows this rule too, with a lower threshold since session 29.
-    """
-    if max_pairs is None:
-        max_pairs = MERGE_SPLIT_D_MAX_PAIRS
-    if pairs <= max_pairs and head_dim % MERGE_SMALL_BATCH_BLOCK_D == 0:
-        return min(head_dim, MERGE_SMALL_BATCH_BLOCK_D)
-    return head_dim
+    Every layout computes the same thing, but on the GPU the sum over splits can associate
+    differently with another block shape or warp count (last-bit differences before the
+    bf16 rounding; none in interpret mode): session 30's sweep held each layout to the
+    fidelity contract against the previous default, and GPU parity covers the defaults."""
+    for max_pairs, block_d, warps in layouts:
+        if pairs <= max_pairs:
+            if head_dim % block_d == 0:
+                return block_d, warps
+            break
+    return head_dim, MERGE_WHOLE_D_WARPS
 
 
 # Values per thread of one step of the fused merge's [next_pow2(S), block_d] fp32 slab.

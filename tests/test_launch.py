@@ -33,16 +33,17 @@ def sm90(monkeypatch):
     # H200 measured table: 4 warps at 10 programs (split-K), 3 stages at 66 programs.
     ("tp1_splitk", 5, 24, 2, None, ["qsa_sparse_attention: num_stages=2 num_warps=4",
                                     "qsa_merge_splits: num_stages=1 num_warps=2"]),
-    # ... and 2 warps at 7 programs (vLLM 0.34.0's own tiling there since session 26).
+    # ... and 2 warps at 7 programs (vLLM 0.34.0's own tiling there since session 26); its 42
+    # (row, head) pairs merge on 1 warp (32-wide D chunks, config.PALLAS_MERGE_LAYOUTS, session 30).
     ("tp4_split33", 7, 6, 1, None, ["qsa_sparse_attention: num_stages=2 num_warps=2",
-                                    "qsa_merge_splits: num_stages=1 num_warps=2"]),
+                                    "qsa_merge_splits: num_stages=1 num_warps=1"]),
     ("tp4_stages3", 66, 6, 1, None, ["qsa_sparse_attention: num_stages=3 num_warps=2",
                                      "qsa_merge_splits: num_stages=1 num_warps=2"]),
     # vLLM 0.30.0's one-warp entry becomes two warps on Hopper; an explicit config stays as given.
     ("vllm030", 51, 24, 2, "vllm-0.30", ["qsa_sparse_attention: num_stages=2 num_warps=2",
                                          "qsa_merge_splits: num_stages=1 num_warps=2"]),
     ("explicit", 3, 24, 2, (32, 1, 65, 8), ["qsa_sparse_attention: num_stages=2 num_warps=1",
-                                            "qsa_merge_splits: num_stages=1 num_warps=2"]),
+                                            "qsa_merge_splits: num_stages=1 num_warps=1"]),
 ])
 def test_default_launch_is_the_previous_choice(sm90, name, rows, heads, hk, config, want):
     assert _attrs(sm90(name, rows, heads, hk, "fused", "bf16", config)) == want
@@ -118,15 +119,17 @@ def _problem(rows, kv_dtype, launch=None, config=None, prefill=False):
         scales_given=(fp8, fp8), launch=launch)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 8, 512])
-def test_triton_merge_chunk_rule(rows, monkeypatch):
-    """On the library's measured table the jax-triton merge splits D by config.merge_block_d's
-    rule, as the Pallas merge does, with its own lower threshold: its fixed 64-wide chunks had
-    made it 2.0-2.4x slower than D whole from 256 programs (H200, fp8, TP4-TP1, session 8), and
-    D whole was 0.1-0.3 µs faster from 192 pairs where the Pallas merge was slower (H100,
-    session 29); it runs 2 warps as the Pallas merge does (measured there for D whole, and for
-    the chunks at 24-192 pairs: H100, session 25). On any other tiling -- vLLM's tables, an
-    explicit config -- it launches as
+# rows (x 24 query heads = pairs) -> the (D chunk, warps) of the Pallas and the jax-triton merge.
+@pytest.mark.parametrize("rows, pallas, triton", [(1, (32, 1), (32, 1)), (4, (32, 1), (64, 1)),
+                                                  (8, (64, 2), (64, 1)), (16, (256, 2), (256, 2)),
+                                                  (512, (256, 2), (256, 2))])
+def test_merge_layout_rule(rows, pallas, triton, monkeypatch):
+    """On the library's measured table each merge takes its layout by (row, head) pairs from
+    its own measured rows (config.PALLAS_MERGE_LAYOUTS, TRITON_MERGE_LAYOUTS; H100, session 30:
+    1 warp with 32- or 64-wide D chunks fastest at small batches, jax-triton to 192 pairs and
+    Pallas to 96; D whole on 2 warps from a few hundred pairs, where chunks only add programs:
+    2.0-2.4x slower for jax-triton's fixed 64-wide chunks from 256 programs, H200, session 8).
+    On any other tiling -- vLLM's tables, an explicit config -- the jax-triton merge launches as
     the originals do: the tiling as given (no Hopper split tweak, which put TP2 16 rows 3.4e-4
     from vLLM 0.30.0, over the fidelity bar; H200, session 12) and the merge over D whole on 2
     warps."""
@@ -137,13 +140,12 @@ def test_triton_merge_chunk_rule(rows, monkeypatch):
     monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
     p = _problem(rows, jnp.bfloat16)
     assert config.measured_entry(p) is not None
-    # Pallas splits D up to MERGE_SPLIT_D_MAX_PAIRS pairs, jax-triton up to its own, lower
-    # threshold (session 29: whole D faster for it from 192 pairs, slower for Pallas).
-    assert config.pallas_launch(p).merge_block_d == (64 if rows * 24 <= config.MERGE_SPLIT_D_MAX_PAIRS else 256)
-    assert config.triton_launch(p).merge_block_d == (
-        64 if rows * 24 <= config.TRITON_MERGE_SPLIT_D_MAX_PAIRS else 256)
-    assert config.TRITON_MERGE_SPLIT_D_MAX_PAIRS < 8 * 24 <= config.MERGE_SPLIT_D_MAX_PAIRS
-    assert config.triton_launch(p).merge_warps == config.pallas_launch(p).merge_warps == 2
+    launch = config.pallas_launch(p)
+    assert (launch.merge_block_d, launch.merge_warps) == pallas
+    launch = config.triton_launch(p)
+    assert (launch.merge_block_d, launch.merge_warps) == triton
+    # A chunk that does not divide D gives D whole (on 2 warps).
+    assert config.merge_layout(rows * 24, 48, config.TRITON_MERGE_LAYOUTS) == (48, 2)
     for cap, table in (((9, 0), "vllm-0.30"), ((9, 0), "vllm-0.34"), ((10, 0), None), ((9, 0), (32, 4, 65, 8))):
         monkeypatch.setattr(config, "device_capability", lambda cap=cap: cap)
         other = _problem(rows, jnp.bfloat16, config=table)
