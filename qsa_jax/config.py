@@ -519,12 +519,18 @@ class TritonLaunch(_Launch):
 
 
 def _with_override(default, override):
-    """``default`` with every field ``override`` sets (not None) replaced."""
+    """``default`` with every field ``override`` sets (not None) replaced. An override that sets
+    the merge's D chunk to another than the default's but not its warps gets
+    ``MERGE_WHOLE_D_WARPS``: the default's warps belong to its own chunk (1 warp over D whole
+    ran at twice the time of 2 warps, session 30)."""
     if override is None:
         return default
-    return dataclasses.replace(default, **{f.name: getattr(override, f.name)
-                                           for f in dataclasses.fields(override)
-                                           if getattr(override, f.name) is not None})
+    launch = dataclasses.replace(default, **{f.name: getattr(override, f.name)
+                                             for f in dataclasses.fields(override)
+                                             if getattr(override, f.name) is not None})
+    if override.merge_block_d not in (None, default.merge_block_d) and override.merge_warps is None:
+        launch = dataclasses.replace(launch, merge_warps=MERGE_WHOLE_D_WARPS)
+    return launch
 
 
 # Triton's software pipelining of the Pallas tile loop when no measured table sets it:
@@ -557,7 +563,8 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
       ``PALLAS_NUM_STAGES``.
     Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton kernel's
     is off everywhere since session 11, ``triton_prefetch``).
-    The merge's D chunk and warps: ``merge_layout`` over ``PALLAS_MERGE_LAYOUTS``; with ``merge="fused"``
+    The merge's D chunk and warps: ``merge_layout`` over ``PALLAS_MERGE_LAYOUTS`` on a Hopper
+    (where they were timed), ``PALLAS_MERGE_LAYOUTS_UNTIMED`` elsewhere; with ``merge="fused"``
     ``pallas_fused_merge_block_d`` unless the override sets it.
     """
     cfg = problem.config
@@ -567,8 +574,9 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
         warps = measured_entry(problem).pallas_warps or warps
     elif not problem.config_explicit and running_on_hopper():
         warps = 2 if cfg.num_warps == 1 else cfg.num_warps
-    merge_d, merge_warps = merge_layout(problem.num_rows * problem.num_query_heads, problem.head_dim,
-                                        PALLAS_MERGE_LAYOUTS)
+    merge_d, merge_warps = merge_layout(
+        problem.num_rows * problem.num_query_heads, problem.head_dim, cfg.num_splits,
+        PALLAS_MERGE_LAYOUTS if running_on_hopper() else PALLAS_MERGE_LAYOUTS_UNTIMED)
     default = PallasLaunch(
         num_warps=warps, num_stages=stages, prefetch=False,
         merge_block_d=merge_d, merge_warps=merge_warps, merge="separate")
@@ -713,7 +721,7 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     # bench/results/nvidia-h200_2026-12-04/session12/). Its cost at decode against the 64-wide
     # chunks, which ``merge_layout`` chose for speed there, not timed.
     if measured_entry(problem) is not None:
-        merge_d, merge_warps = merge_layout(pairs, problem.head_dim, TRITON_MERGE_LAYOUTS)
+        merge_d, merge_warps = merge_layout(pairs, problem.head_dim, cfg.num_splits, TRITON_MERGE_LAYOUTS)
     else:
         merge_d, merge_warps = problem.head_dim, MERGE_WHOLE_D_WARPS
     default = TritonLaunch(
@@ -923,15 +931,26 @@ def triton_fp8_gluon_values_shared() -> bool:
 # Pallas, bf16 (TP1 1-16 rows, TP4 4 and 8; cut by its timeout before TP4 16): 32-wide on 1 warp
 # fastest at 24-96 pairs in all four cases, by 0.11-0.25 µs; at 192 / 384 pairs (TP1 only) 128-wide
 # on 1 warp was 0.45 / 0.39 µs ahead of the default, not adopted until timed at TP4 as well.
-# Every layout's output was held to the fidelity contract against the default's (rel <= 1e-4).
+# 1 warp was never slower than 2 for the Pallas merge at 24-384 pairs (seven cases), so 97-256
+# pairs take 64-wide chunks on 1 warp too (TP1 192 pairs: 21.49 against 21.75 µs; TP4 untimed).
+# Every layout's output was held to the fidelity contract against the default's (relative error
+# about 1e-4 at most, the bar 3e-4). Each program of the merge holds its [next_pow2(splits), D
+# chunk] fp32 slab in registers: the 1-warp layouts were timed with at most 128 values per
+# thread (65 splits x 32 columns, 33 x 64), so a split count that would need more runs the
+# chunk on 2 warps (``MERGE_ONE_WARP_MAX_VALUES``). Off Hopper the Pallas merge keeps the layout
+# it had before (``PALLAS_MERGE_LAYOUTS_UNTIMED``); the jax-triton merge takes its layouts on the
+# measured table only, which applies on the card it was measured on.
 TRITON_MERGE_LAYOUTS = ((24, 32, 1), (192, 64, 1))
-PALLAS_MERGE_LAYOUTS = ((96, 32, 1), (256, 64, 2))
+PALLAS_MERGE_LAYOUTS = ((96, 32, 1), (256, 64, 1))
+PALLAS_MERGE_LAYOUTS_UNTIMED = ((256, 64, 2),)
 MERGE_WHOLE_D_WARPS = 2
+MERGE_ONE_WARP_MAX_VALUES = 128
 
 
-def merge_layout(pairs: int, head_dim: int, layouts) -> tuple[int, int]:
-    """(D columns per program, warps) of the split merge for ``pairs`` = rows x query heads,
-    from ``layouts`` (``TRITON_MERGE_LAYOUTS`` or ``PALLAS_MERGE_LAYOUTS``).
+def merge_layout(pairs: int, head_dim: int, num_splits: int, layouts) -> tuple[int, int]:
+    """(D columns per program, warps) of the split merge for ``pairs`` = rows x query heads
+    and ``num_splits`` partials per pair, from ``layouts`` (rows of (up to this many pairs,
+    D chunk, warps): ``TRITON_MERGE_LAYOUTS``, ``PALLAS_MERGE_LAYOUTS``, ...).
 
     Every layout computes the same thing, but on the GPU the sum over splits can associate
     differently with another block shape or warp count (last-bit differences before the
@@ -939,9 +958,12 @@ def merge_layout(pairs: int, head_dim: int, layouts) -> tuple[int, int]:
     fidelity contract against the previous default, and GPU parity covers the defaults."""
     for max_pairs, block_d, warps in layouts:
         if pairs <= max_pairs:
-            if head_dim % block_d == 0:
-                return block_d, warps
-            break
+            if head_dim % block_d:
+                break
+            slab = (1 << max(num_splits - 1, 0).bit_length()) * block_d
+            if warps == 1 and slab > 32 * MERGE_ONE_WARP_MAX_VALUES:
+                warps = MERGE_WHOLE_D_WARPS
+            return block_d, warps
     return head_dim, MERGE_WHOLE_D_WARPS
 
 

@@ -30,9 +30,10 @@ def sm90(monkeypatch):
 # Row counts odd enough not to meet another test's compiled problem (the patches change
 # what a trace of the same problem lowers to).
 @pytest.mark.parametrize("name,rows,heads,hk,config,want", [
-    # H200 measured table: 4 warps at 10 programs (split-K), 3 stages at 66 programs.
+    # H200 measured table: 4 warps at 10 programs (split-K), 3 stages at 66 programs; the merge of
+    # tp1_splitk's 120 (row, head) pairs on 1 warp (64-wide, config.PALLAS_MERGE_LAYOUTS).
     ("tp1_splitk", 5, 24, 2, None, ["qsa_sparse_attention: num_stages=2 num_warps=4",
-                                    "qsa_merge_splits: num_stages=1 num_warps=2"]),
+                                    "qsa_merge_splits: num_stages=1 num_warps=1"]),
     # ... and 2 warps at 7 programs (vLLM 0.34.0's own tiling there since session 26); its 42
     # (row, head) pairs merge on 1 warp (32-wide D chunks, config.PALLAS_MERGE_LAYOUTS, session 30).
     ("tp4_split33", 7, 6, 1, None, ["qsa_sparse_attention: num_stages=2 num_warps=2",
@@ -101,7 +102,9 @@ def test_a_shard_keeps_the_launch():
         s((8,), jnp.int32), q, use_prefill_config=False, config=None, launch=knobs)
     shard = problem.for_shard(4, 12, 1)
     assert shard.launch == knobs and shard.num_rows == 4
-    assert qsa_jax.config.pallas_launch(shard).merge_block_d == 128
+    launch = qsa_jax.config.pallas_launch(shard)
+    # Another D chunk than the default's, warps not set: 2 warps, not the default chunk's.
+    assert (launch.merge_block_d, launch.merge_warps) == (128, 2)
 
 
 def _problem(rows, kv_dtype, launch=None, config=None, prefill=False):
@@ -121,13 +124,13 @@ def _problem(rows, kv_dtype, launch=None, config=None, prefill=False):
 
 # rows (x 24 query heads = pairs) -> the (D chunk, warps) of the Pallas and the jax-triton merge.
 @pytest.mark.parametrize("rows, pallas, triton", [(1, (32, 1), (32, 1)), (4, (32, 1), (64, 1)),
-                                                  (8, (64, 2), (64, 1)), (16, (256, 2), (256, 2)),
+                                                  (8, (64, 1), (64, 1)), (16, (256, 2), (256, 2)),
                                                   (512, (256, 2), (256, 2))])
 def test_merge_layout_rule(rows, pallas, triton, monkeypatch):
     """On the library's measured table each merge takes its layout by (row, head) pairs from
     its own measured rows (config.PALLAS_MERGE_LAYOUTS, TRITON_MERGE_LAYOUTS; H100, session 30:
     1 warp with 32- or 64-wide D chunks fastest at small batches, jax-triton to 192 pairs and
-    Pallas to 96; D whole on 2 warps from a few hundred pairs, where chunks only add programs:
+    Pallas to 256; D whole on 2 warps from a few hundred pairs, where chunks only add programs:
     2.0-2.4x slower for jax-triton's fixed 64-wide chunks from 256 programs, H200, session 8).
     On any other tiling -- vLLM's tables, an explicit config -- the jax-triton merge launches as
     the originals do: the tiling as given (no Hopper split tweak, which put TP2 16 rows 3.4e-4
@@ -144,8 +147,55 @@ def test_merge_layout_rule(rows, pallas, triton, monkeypatch):
     assert (launch.merge_block_d, launch.merge_warps) == pallas
     launch = config.triton_launch(p)
     assert (launch.merge_block_d, launch.merge_warps) == triton
-    # A chunk that does not divide D gives D whole (on 2 warps).
-    assert config.merge_layout(rows * 24, 48, config.TRITON_MERGE_LAYOUTS) == (48, 2)
+
+
+def test_merge_layout_edges_and_guards(monkeypatch):
+    """``config.merge_layout`` at each row's edge, with a D smaller than the chunk, and with
+    more splits than the 1-warp layouts were timed with; the Pallas merge's untimed layout off
+    Hopper; a ``launch=`` that sets the chunk and not the warps."""
+    import jax.numpy as jnp
+
+    from qsa_jax import config
+
+    T, P = config.TRITON_MERGE_LAYOUTS, config.PALLAS_MERGE_LAYOUTS
+    assert T == ((24, 32, 1), (192, 64, 1)) and P == ((96, 32, 1), (256, 64, 1))
+    layout = config.merge_layout
+    assert [layout(n, 256, 33, T) for n in (24, 25, 192, 193)] == [(32, 1), (64, 1), (64, 1), (256, 2)]
+    assert [layout(n, 256, 33, P) for n in (96, 97, 256, 257)] == [(32, 1), (64, 1), (64, 1), (256, 2)]
+    # D = 32: the 32-wide row fits, the 64-wide one does not (D whole on 2 warps); D = 16: whole.
+    assert layout(24, 32, 33, T) == (32, 1) and layout(48, 32, 33, T) == (32, 2)
+    assert layout(24, 16, 33, T) == (16, 2)
+    # 1 warp up to 128 fp32 values per thread: 65 splits x 32 columns (next_pow2 128 x 32 / 32)
+    # or 33 x 64; 129 splits at 32 columns, or 65 at 64, run on 2 warps.
+    assert layout(24, 256, 65, T) == (32, 1) and layout(24, 256, 129, T) == (32, 2)
+    assert layout(48, 256, 33, T) == (64, 1) and layout(48, 256, 65, T) == (64, 2)
+    # Off Hopper the Pallas merge keeps its layout from before session 30.
+    monkeypatch.setattr(config, "device_capability", lambda: (8, 0))
+    launch = config.pallas_launch(_problem(1, jnp.bfloat16))
+    assert (launch.merge_block_d, launch.merge_warps) == (64, 2)
+    # On a Hopper: a launch= with the default's chunk keeps its warps; another chunk gets 2.
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    for chunk, warps in ((32, 1), (256, 2), (64, 2)):
+        launch = config.triton_launch(_problem(1, jnp.bfloat16, launch=qsa_jax.TritonLaunch(merge_block_d=chunk)))
+        assert (launch.merge_block_d, launch.merge_warps) == (chunk, warps)
+    launch = config.pallas_launch(_problem(1, jnp.bfloat16, launch=qsa_jax.PallasLaunch(merge_warps=4)))
+    assert (launch.merge_block_d, launch.merge_warps) == (32, 4)
+
+
+@pytest.mark.parametrize("rows, pairs_d_warps", [(1, (32, 1)), (8, (64, 1)), (16, (256, 2))])
+def test_triton_plan_launches_the_merge_layout(rows, pairs_d_warps, monkeypatch):
+    """The jax-triton launch plan (what JAX's route and the shim's triton-torch route launch)
+    carries the layout: the merge's grid splits D into the chunk and its meta has the warps."""
+    import jax.numpy as jnp
+
+    from qsa_jax import config
+    from qsa_jax.ops.sparse_attention.triton import launch_plan
+
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    plan = launch_plan(_problem(rows, jnp.bfloat16))
+    block_d, warps = pairs_d_warps
+    assert dict(plan.merge_meta)["num_warps"] == warps
+    assert plan.merge_grid[-1] == 256 // block_d, plan.merge_grid
     for cap, table in (((9, 0), "vllm-0.30"), ((9, 0), "vllm-0.34"), ((10, 0), None), ((9, 0), (32, 4, 65, 8))):
         monkeypatch.setattr(config, "device_capability", lambda cap=cap: cap)
         other = _problem(rows, jnp.bfloat16, config=table)

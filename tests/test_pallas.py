@@ -111,10 +111,9 @@ def test_merge_block_d_is_bit_identical(block_d):
 def test_merge_layout_and_real_head_dim():
     from qsa_jax.config import PALLAS_MERGE_LAYOUTS, merge_layout
 
-    assert merge_layout(24, 256, PALLAS_MERGE_LAYOUTS) == (32, 1)  # TP1 decode: 8 programs per (row, head)
-    assert merge_layout(8 * 24, 256, PALLAS_MERGE_LAYOUTS) == (64, 2)
-    assert merge_layout(64 * 24, 256, PALLAS_MERGE_LAYOUTS) == (256, 2)  # many pairs: D whole
-    assert merge_layout(8, 16, PALLAS_MERGE_LAYOUTS) == (16, 2)  # D not a multiple of the chunk
+    assert merge_layout(24, 256, 65, PALLAS_MERGE_LAYOUTS) == (32, 1)  # TP1 decode: 8 programs per (row, head)
+    assert merge_layout(64 * 24, 256, 1, PALLAS_MERGE_LAYOUTS) == (256, 2)  # many pairs: D whole
+    assert merge_layout(8, 16, 4, PALLAS_MERGE_LAYOUTS) == (16, 2)  # D smaller than the chunk: whole
     # The chunked default path at the real D = 256 against the oracle (2 rows x 4 heads).
     case = _small_case(43, rows=2, heads=4, kv_heads=1, d=256, blocks=12, width=131, edge=False)
     cfg = SparseAttentionConfig(16, 4, 9, 4)

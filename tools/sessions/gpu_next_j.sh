@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next lent GPU, any card (carry .whl .cache/originals; <= 480 s): GPU proof of session
+# For the next lent GPU, any card (carry .whl .cache/originals; <= 480 s; then gpu_next_k.sh): GPU proof of session
 # 30's merge layouts (config.TRITON_MERGE_LAYOUTS, PALLAS_MERGE_LAYOUTS: 1 warp with 32- or
 # 64-wide D chunks at small batches), which session 30's call e timed and held to the fidelity
 # contract against the previous default, but did not run through the parity tests:
@@ -8,10 +8,9 @@
 #      against 0.34.0 and exact attention;
 #   2. test_gpu_parity.py sparse attention, pallas and triton at 1 / 4 / 8 rows (TP1 24 / 96 / 192
 #      pairs, TP4 6 / 24 / 48), against 0.30.0 and exact;
-#   3. compute-sanitizer memcheck, sparse part 0 (1 row x 24 heads: the 32-wide merge on 1 warp)
-#      for pallas and triton, with the planted control.
-# Prediction: all pass; 0 errors; the control reports.
-# Then (on an H200, if time is left) nothing more: gpu_next_i.sh is the H200's targets call.
+#   3. test_gpu_backward.py at 1 row (the Pallas merge that also writes the backward's residuals
+#      runs the 1-warp layouts there).
+# Prediction: all pass. Memcheck of the new layouts and the decode standing: gpu_next_k.sh.
 source tools/gpu_env.sh
 set -o pipefail
 timeout -s INT 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s tests/test_fp8.py \
@@ -20,6 +19,7 @@ echo "fp8 parity rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_fp8_p
 QSA_PARITY_IMPLS=pallas,triton QSA_PARITY_ROWS=1,4,8 timeout -s INT 150 python3 -m pytest -q -m gpu -s \
   -p no:cacheprovider -rfE tests/test_gpu_parity.py -k sparse_attention > "$OUT/gpu_parity.log" 2>&1
 echo "bf16 parity rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_parity.log" | tail -8
-IMPLS="pallas triton" PARTS=sparse0 PART_TIMEOUT=60 bash tools/gpu_memcheck_parts.sh
-head -c 20000 "$OUT/memcheck_plant.log" > "$OUT/memcheck_plant.trim" && mv "$OUT/memcheck_plant.trim" "$OUT/memcheck_plant.log"
+QSA_GRAD_ROWS=1 timeout -s INT 110 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+  tests/test_gpu_backward.py > "$OUT/gpu_backward.log" 2>&1
+echo "backward rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_backward.log" | tail -8
 true
