@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# For a lent GPU after gpu_next_j.sh and gpu_next_k.sh (carry .whl .cache/originals; <= 330 s): the
+# merge layouts where session 30's call e left gaps, `bench.decode_sweep --variants merge` (1 / 2 /
+# 4 warps, 32-256-wide D; every differing output held to fidelity against the default):
+#   1. Pallas bf16 at 96-384 pairs, TP4 included (call e's timeout cut it after TP4 8 rows): TP1
+#      4 / 8 / 10 / 16 rows, TP4 16 / 32 / 48 / 64. There 128-wide on 1 warp was 0.45 / 0.39 µs
+#      ahead of the (then) default at TP1 192 / 384 pairs; PALLAS_MERGE_LAYOUTS now has 64-wide on
+#      1 warp to 256 pairs and D whole on 2 warps above.
+#   2. jax-triton fp8 between 192 and 384 pairs, untimed so far: TP1 10 / 12 rows (240 / 288
+#      pairs), TP4 40 / 48 rows (240 / 288). TRITON_MERGE_LAYOUTS has 64-wide on 1 warp to 192
+#      and D whole on 2 warps above.
+# Prediction: Pallas 128-wide on 1 warp fastest at 192-384 pairs at TP4 too, by 0.2-0.5 µs
+# (then a row (384, 128, 1) for PALLAS_MERGE_LAYOUTS); jax-triton at 240-288 pairs within
+# 0.1 µs between 64-wide on 1 warp and D whole on 2.
+source tools/gpu_env.sh
+sweep() {  # sweep <name> <timeout> <impl> <kv> <cases>
+  timeout -s TERM "$2" python3 -m bench.decode_sweep --impl "$3" --kv "$4" --variants merge \
+    --cases "$5" --n-calls 20 --out "$OUT/$1.md" > "$OUT/$1.log" 2>&1
+  echo "$1 rc=$?"
+}
+sweep pallas_bf16 170 pallas bf16 TP1:4,TP1:8,TP1:10,TP1:16,TP4:16,TP4:32,TP4:48,TP4:64
+sweep triton_fp8 110 triton fp8 TP1:10,TP1:12,TP4:40,TP4:48
+for name in pallas_bf16 triton_fp8; do
+  echo "== $name (where | kv | rows | tiling | split warps | merge block_d | merge warps | busy µs)"
+  grep -E "^\| TP" "$OUT/$name.log" | sort -u | cut -d'|' -f2-9
+done
+grep -c FAILS "$OUT"/*.log | tr '\n' ' '; echo
