@@ -98,10 +98,13 @@ def opcode_classes(ops: collections.Counter) -> dict[str, int]:
 
 
 def sass_loop(sass: str) -> tuple[int, collections.Counter]:
-    """Length and opcode counts of the tile loop: the backward branch spanning the most code."""
+    """Length and opcode counts of the tile loop: the backward branch spanning the most code.
+    (0, empty) where there is none: a launch whose splits take one tile each has no loop."""
     code = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(.*?)\s*;", sass)]
     spans = [(int(m.group(1), 16), a) for a, t in code
              if (m := re.search(r"\bBRA (?:\S+ )?0x([0-9a-f]+)", t)) and int(m.group(1), 16) < a]
+    if not spans:
+        return 0, collections.Counter()
     lo, hi = max(spans, key=lambda s: s[1] - s[0])
     body = [re.sub(r"^@!?U?P\w+\s+", "", t) for a, t in code if lo <= a <= hi]
     return len(body), collections.Counter(t.split()[0].split(".")[0] for t in body)
@@ -122,10 +125,18 @@ def ptxas_numbers(ptxas: str, ptx_path: str) -> tuple[dict[str, str], str]:
                 spill_loads=re.search(r"(\d+) bytes spill loads", info).group(1)), sass
 
 
+def sass_ops(sass: str) -> collections.Counter:
+    """Opcode counts of a whole SASS listing (predicates and modifiers dropped)."""
+    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                               for t in re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(.*?)\s*;", sass))
+
+
 def ptxas_info(ptxas: str, ptx_path: str) -> dict[str, str]:
     numbers, sass = ptxas_numbers(ptxas, ptx_path)
     n, ops = sass_loop(sass)
-    return dict(numbers, loop_length=n, classes=opcode_classes(ops),
+    whole = sass_ops(sass)
+    return dict(numbers, loop_length=n, classes=opcode_classes(ops), sass_length=sum(whole.values()),
+                whole_classes=opcode_classes(whole),
                 loop=f"{n} instructions: " + " ".join(f"{k} {ops.get(k, 0)}" for k in LOOP_OPCODES))
 
 

@@ -1,7 +1,7 @@
 """Compile the jax-triton split kernel and vLLM's at the same launch for sm_90, no GPU needed.
 
-    python tools/sm90_split_kernel_ab.py [--geometry TP4] [--launch 64/4/2] [--launch ...]
-        [--vllm .cache/originals/vllm-0.30.0/qsa.py] [--out DIR]
+    python tools/sm90_split_kernel_ab.py [--geometry TP4] [--rows 512] [--launch 64/4/2] [--launch ...]
+        [--kv bf16|fp8] [--vllm .cache/originals/vllm-0.30.0/qsa.py] [--out DIR] [--rule jit|jax-triton]
 
 Why (session 13): on the H200, at TP4 512 rows (512 programs) and vLLM 0.30.0's tiling
 (block_n 64, 4 splits, 2 warps, 2 stages), ``sparse_attention_split_kernel`` took 366 µs
@@ -12,6 +12,11 @@ were within 1%. This compiles both kernels with the venv's Triton for
 shared memory, and the tile loop's SASS by instruction class (``tools/sm90_ptx_fp8.py``'s
 counters) -- so a difference in the compiled loop shows before any device time is spent.
 A ``--launch`` is ``block_n/splits/warps`` (2 stages, as both launch).
+
+``--kv fp8`` (session 31) compiles both for an e4m3 cache with the k/v scales: ours with its
+scales read from memory, vLLM's (0.34.0 or later: 0.30.0 has no fp8 path) with its two float
+arguments. Where every split takes one tile (e.g. TP1 8 rows at 0.34.0's decode launch 64/33/2)
+the kernel has no loop, so the table also gives the whole kernel's length and classes.
 """
 
 from __future__ import annotations
@@ -36,13 +41,13 @@ BTW = NUM_PAGES = 512
 REQUESTS = 1
 
 
-def _signature(fn, pointers, constexprs, ints, rule):
+def _signature(fn, pointers, constexprs, ints, rule, floats=()):
     """ASTSource's signature and the specialisation of the int arguments, by ``rule``:
     "jit" as Triton's JIT launches it (the triton-torch route, vLLM): an int equal to 1
     becomes a constant, one divisible by 16 gets the hint, except the parameters the kernel
     names in ``do_not_specialize``; "jax-triton" as ``jax_triton.triton_call`` compiles it:
     an int equal to 1 becomes a constant whatever the kernel says, no int gets a hint.
-    Pointers are 16-byte aligned either way."""
+    Pointers are 16-byte aligned either way; ``floats`` name fp32 arguments (0.34.0's scales)."""
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in pointers:
@@ -50,6 +55,8 @@ def _signature(fn, pointers, constexprs, ints, rule):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in constexprs:
             signature[name] = "constexpr"
+        elif name in floats:
+            signature[name] = "fp32"
         elif ints[name] == 1 and (rule == "jax-triton" or not fn.params[i].do_not_specialize):
             signature[name] = "constexpr"
             constexprs[name] = 1
@@ -132,7 +139,10 @@ def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=
     return compiled
 
 
-def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule):
+def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule, *, fp8=False):
+    """vLLM's split kernel from the file at ``path`` compiled for sm_90 at one launch, as its
+    launcher passes the arguments (0.34.0's scales as fp32 arguments; ``fp8``: e4m3 cache
+    pointers, as its sm_89+ launcher passes them)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -143,8 +153,12 @@ def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     fn = mod._qsa_sparse_paged_gqa_splitk_kernel
+    floats = tuple(n for n in ("softmax_scale", "output_scale") if n in fn.arg_names)
+    if fp8 and not floats:
+        raise SystemExit(f"{path}: this vLLM's split kernel takes no scales, so it has no fp8 path (0.34.0 has)")
     d, group, heads, hk = geo.head_dim, geo.num_query_heads // geo.num_kv_heads, geo.num_query_heads, geo.num_kv_heads
-    pointers = dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", indices_ptr="*i32",
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    pointers = dict(q_ptr="*bf16", k_cache_ptr=cache, v_cache_ptr=cache, indices_ptr="*i32",
                     block_table_ptr="*i32", token_to_req_ptr="*i32", partial_output_ptr="*fp32",
                     partial_lse_ptr="*fp32", output_ptr="*bf16", output_gate_ptr="*bf16")
     ints = dict(stride_q_row=heads * d, stride_q_head=d, stride_k_block=hk * PAGE * 2 * d,
@@ -157,7 +171,7 @@ def theirs(path, out_dir, geo, rows, block_n, splits, warps, rule):
                       NUM_QUERY_HEADS=heads, NUM_SPLITS=splits, NUM_TILES=-(-W // block_n),
                       BLOCK_M=triton.next_power_of_2(group), BLOCK_N=block_n)
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
-    signature, attrs = _signature(fn, pointers, constexprs, ints, rule)
+    signature, attrs = _signature(fn, pointers, constexprs, ints, rule, floats)
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=2))
 
@@ -183,11 +197,16 @@ def main() -> int:
     ap.add_argument("--geometry", default="TP4")
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--launch", action="append", default=None, help="block_n/splits/warps (repeatable)")
-    ap.add_argument("--vllm", default=".cache/originals/vllm-0.30.0/qsa.py")
+    ap.add_argument("--kv", default="bf16", choices=("bf16", "fp8"),
+                    help="cache dtype; fp8 (e4m3 with k/v scales) needs vLLM 0.34.0's file as --vllm")
+    ap.add_argument("--vllm", default=None,
+                    help="vLLM's qsa.py (default: .cache/originals/vllm-0.30.0/qsa.py, for fp8 vllm-0.34.0)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rule", default="jit", choices=("jit", "jax-triton"),
                     help="how the int arguments are specialised (see _signature); vLLM's kernel always 'jit'")
     a = ap.parse_args()
+    fp8 = a.kv == "fp8"
+    vllm = a.vllm or f".cache/originals/vllm-{'0.34.0' if fp8 else '0.30.0'}/qsa.py"
 
     from qsa_jax import arg_specs
 
@@ -195,18 +214,23 @@ def main() -> int:
     out_dir = a.out or tempfile.mkdtemp(prefix="sm90_split_ab_")
     os.makedirs(out_dir, exist_ok=True)
     classes = list(P.OPCODE_CLASSES) + ["other"]
-    print(f"{a.geometry}, {a.rows} rows, bf16 fused cache, ours specialised as {a.rule}; files in {out_dir}\n")
-    print("| kernel | launch | regs | spill st/ld B | shared B | loop | " + " | ".join(classes) + " |")
-    print("|---|---|---|---|---|---|" + "---|" * len(classes))
+    kv = "e4m3 with k/v scales" if fp8 else "bf16"
+    print(f"{a.geometry}, {a.rows} rows, {kv} fused cache, ours specialised as {a.rule}, vLLM from {vllm}; "
+          f"files in {out_dir}\n")
+    print("Classes: the tile loop's, or the whole kernel's (*) where every split takes one tile (no loop).\n")
+    print("| kernel | launch | regs | spill st/ld B | shared B | SASS | loop | " + " | ".join(classes) + " |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(classes))
     for launch in a.launch or ["64/4/2", "64/1/2"]:
         bn, splits, warps = (int(x) for x in launch.split("/"))
-        for name, compile_one in (("ours", lambda: ours(geo, a.rows, bn, splits, warps, a.rule)),
-                                  ("vllm", lambda: theirs(a.vllm, out_dir, geo, a.rows, bn, splits, warps, "jit"))):
+        for name, compile_one in (("ours", lambda: ours(geo, a.rows, bn, splits, warps, a.rule, fp8=fp8)),
+                                  ("vllm", lambda: theirs(vllm, out_dir, geo, a.rows, bn, splits, warps, "jit",
+                                                          fp8=fp8))):
             kernel = compile_one()
-            info = compiled_numbers(kernel, os.path.join(out_dir, f"{name}.bn{bn}-s{splits}-w{warps}.ptx"))
+            info = compiled_numbers(kernel, os.path.join(out_dir, f"{name}.{a.kv}.bn{bn}-s{splits}-w{warps}.ptx"))
+            counts = info["classes"] if info["loop_length"] else info["whole_classes"]
             print(f"| {name} | {launch} | {info['registers']} | {info['spill_stores']}/{info['spill_loads']} | "
-                  f"{kernel.metadata.shared} | {info['loop_length']} | "
-                  + " | ".join(str(info["classes"][c]) for c in classes) + " |")
+                  f"{kernel.metadata.shared} | {info['sass_length']} | {info['loop_length'] or 'none*'} | "
+                  + " | ".join(str(counts[c]) for c in classes) + " |")
     return 0
 
 
