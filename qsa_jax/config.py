@@ -370,8 +370,8 @@ def select_config(
 
     ``num_columns`` is the selection width W (without the trailing count
     column). ``use_prefill_config`` only matters above 2048 programs, where a
-    prefill batch gets narrower tiles with one warp in vLLM's tables (the measured H200
-    table has no separate prefill entry). ``is_fp8``: the cache
+    prefill batch gets narrower tiles with one warp in vLLM's tables (all but 0.34.0's sm_120
+    bf16 one; the measured H200 tables have no separate prefill entry). ``is_fp8``: the cache
     holds e4m3 values (float8_e4m3fn, or their bytes as uint8). ``capability``
     ((major, minor), default: the current device's) and ``table`` pick the table:
     see ``table_tiling``. ``table="vllm-0.30"`` is exactly vLLM 0.30.0's
@@ -604,8 +604,8 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
 
     The default order (``_implementations.DEFAULT_ORDER``: Pallas first on the GPU), except
     where the measured table's entry for this call names an implementation
-    (``Tiling.implementation``; today ``H200_FP8``'s "triton" at 5-24 programs and at every
-    one-warp entry, 25 programs up, the prefill flag included): that one comes first.
+    (``Tiling.implementation``; today ``H200_FP8``'s "triton" at every entry from 5 programs,
+    the prefill flag included): that one comes first.
 
     Why jax-triton at one warp (notes/pallas.md "Session 8"): there the Pallas fp8 kernel,
     compiled by XLA's bundled Triton, gives each of a tile's 48 async copies its own
@@ -632,10 +632,9 @@ def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementat
     With 0.34.0's table on a Hopper (``table="vllm-0.34"``, or a Hopper with another SM count
     than the measured table's, ``MEASURED_SM_COUNTS``) an fp8 cache also runs jax-triton first,
     at every size: there it is 0.34.0's own launch (H100, session 29: 0.95-1.02x of 0.34.0 at
-    1-2048 programs, where Pallas ran up to 1.35x). Elsewhere -- 1-4 and 25-32 programs on the
-    measured table (32: Pallas 0.96-1.00x, jax-triton at 0.34.0's tiling 0.98-1.02x), bf16 on
-    vLLM's tables, fp8 on 0.30.0's, or an explicit ``config=`` (not measured this way) -- Pallas
-    stays first. A ``launch=`` record's implementation goes first of all (it names the
+    1-2048 programs, where Pallas ran up to 1.35x). Elsewhere -- 1-4 programs on the measured
+    table, bf16 everywhere, fp8 on 0.30.0's table, or an explicit ``config=`` (not measured this
+    way) -- Pallas stays first. A ``launch=`` record's implementation goes first of all (it names the
     implementation it is for). An fp8 cache on a GPU below sm_89 (A100, A10: Triton has no
     e4m3 type there, and both kernels are Triton's) leaves only XLA, so
     ``implementation=None`` still runs; naming a kernel there raises.
@@ -719,7 +718,8 @@ def triton_launch(problem: "SparseAttentionProblem") -> TritonLaunch:
     # 0.30.0's table, 64 splits: 3.43e-4 -> 3.42e-4 from vLLM 0.30.0; the split tweak of
     # ``triton_tiling`` was the cause; with both, bit-identical; H200, session 12,
     # bench/results/nvidia-h200_2026-12-04/session12/). Its cost at decode against the 64-wide
-    # chunks, which ``merge_layout`` chose for speed there, not timed.
+    # layouts ``merge_layout`` chose for speed there (32- / 64-wide D chunks on 1 warp to 192
+    # (row, head) pairs, D whole above), not timed.
     if measured_entry(problem) is not None:
         merge_d, merge_warps = merge_layout(pairs, problem.head_dim, cfg.num_splits, TRITON_MERGE_LAYOUTS)
     else:

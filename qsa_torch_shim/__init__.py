@@ -123,7 +123,10 @@ def set_tiling_table(table: str | None) -> None:
     """Which tiling table the shim's sparse attention uses from the next call on.
 
     None (the default): qsa_jax's choice for the device -- its measured table where one
-    exists (the H200's is faster than either vLLM version's), else vLLM 0.34.0's.
+    exists for the card (sm_90 with 132 SMs: H100 SXM, H200; faster than either vLLM
+    version's), else vLLM 0.34.0's -- except that the default route, ``triton-torch``, runs a
+    bf16 cache on vLLM 0.30.0's table (``_direct.BF16_DEFAULT_TABLE``: the measured bf16
+    table was measured for Pallas, not for these kernels).
     "vllm-0.30" / "vllm-0.34": that version's table on any GPU, which reproduces its
     rounding (the fidelity contract) rather than only its accuracy.
     """

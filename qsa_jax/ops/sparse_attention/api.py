@@ -90,7 +90,7 @@ def sparse_attention(
       implementation: "pallas", "triton", "xla" or None: the first that can run, in
         ``config.sparse_attention_order`` (GPU: Pallas, then jax-triton, then XLA;
         jax-triton first for an fp8 cache on Hopper where the measured table's entry names
-        it -- 5-24 programs and the one-warp entries from 25 programs -- and at every size
+        it -- every entry from 5 programs -- and at every size
         on 0.34.0's table there: ``config="vllm-0.34"``, or a Hopper of another SM count).
       k_scale, v_scale: vLLM 0.34.0's per-layer dequantisation scales (floats > 0),
         required for an fp8 cache: scores use D^-0.5 * k_scale, the output is

@@ -5,8 +5,8 @@ vLLM buffer ``[NB, Hk, P, 2D]`` (K = channels [0, D), V = [D, 2D)) or the split
 pair ``[NB, P, Hk, D]``; the wrapper only passes strides, never copies or
 transposes the cache. Same arithmetic as ``xla.py`` and the originals.
 
-Launch configuration: ``config.triton_tiling`` (``problem.config``, the
-originals' table or the caller's ``config=``; on a Hopper GPU where the tiling came
+Launch configuration: ``config.triton_tiling`` (``problem.config``: the default
+table's, ``config.select_config``, or the caller's ``config=``; on a Hopper GPU where the tiling came
 from the library's measured table, ``config.tune_config_for_hopper`` may change the
 split count of the smallest batches) and ``config.triton_launch`` for warps, stages,
 prefetch and the merge (``launch=TritonLaunch(...)`` overrides; see
