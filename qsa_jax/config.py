@@ -782,8 +782,12 @@ def pallas_fp8_value_pairs() -> bool:
     instead of 8-byte async copies for the K gather.
     Every output column is the same dot over the same rows in the same order, so the
     result is bit-identical (CPU interpret test; GPU test in tests/test_fp8.py).
-    Effect on the sm_90 lowering and the H200: notes/pallas.md, session 7. Off until
-    measured on the GPU. A function so that tests and the benchmark can switch it.
+    Effect on the sm_90 lowering and the H200: notes/pallas.md, session 7. Measured there
+    (H200, 2026-12-03, bench/results/nvidia-h200_2026-12-03/session7/call_c/): bit-identical,
+    but the call 2.0-2.6x slower at the fp8 table's one-warp launches then (TP1/TP4, 256-2048
+    programs), though its CPU-lowered loop is shorter; hence off. (The Pallas fp8
+    kernel runs only at 1-4 programs on Hopper's measured table since.) A function so that
+    tests and the benchmark can switch it.
     """
     return False
 
@@ -802,7 +806,8 @@ def pallas_fp8_keys_f16_dot() -> bool:
     alike: in interpret mode at the CPU test's D 16, not at D 256, where XLA's CPU bf16
     dot sums in another order than its fp16 one (9 of 12,288 outputs one bf16 ulp
     apart, TP1 2 rows). On the GPU the tensor cores decide (tests/test_fp8.py checks it
-    on the H200). Off until measured.
+    on the H200). Measured with ``pallas_fp8_value_pairs`` (H200, session 7, notes/pallas.md):
+    bit-identical, and the two together 2.0-2.4x slower than neither; hence off.
     """
     return False
 
