@@ -561,8 +561,9 @@ def pallas_launch(problem: "SparseAttentionProblem") -> PallasLaunch:
       two warps have no spills (notes/pallas.md);
     * an explicit ``config=`` (and any other device) launches the table's warps with
       ``PALLAS_NUM_STAGES``.
-    Prefetch stays off until measured on Hopper (notes/pallas.md; the jax-triton kernel's
-    is off everywhere since session 11, ``triton_prefetch``).
+    Prefetch stays off: on the H200 it was within the run-to-run noise of the wall clock at
+    decode (session 3, notes/pallas.md; never timed in busy time), and the jax-triton
+    kernel's is off everywhere since session 11 (``triton_prefetch``).
     The merge's D chunk and warps: ``merge_layout`` over ``PALLAS_MERGE_LAYOUTS`` on a Hopper
     (where they were timed), ``PALLAS_MERGE_LAYOUTS_UNTIMED`` elsewhere; with ``merge="fused"``
     ``pallas_fused_merge_block_d`` unless the override sets it.
