@@ -207,17 +207,31 @@ def load(version: str = VLLM_VERSION) -> types.ModuleType:
     return module
 
 
+def _unavailable(version: str, exc: Exception):
+    """A skip that says why ``version``'s originals are missing; under CI (``CI`` set) a failure."""
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"vLLM {version} originals unavailable under CI: {exc}")
+    pytest.skip(f"vLLM {version} originals unavailable: {exc}")
+
+
+def extracted_or_skip(version: str = VLLM_VERSION) -> pathlib.Path:
+    """For pytest: the path of ``version``'s extracted ``qsa.py`` (``ensure_extracted``), or
+    ``load_or_skip``'s skip -- a failure under CI."""
+    try:
+        return ensure_extracted(version)
+    except OriginalsUnavailable as exc:
+        _unavailable(version, exc)
+
+
 def load_or_skip(version: str = VLLM_VERSION):
     """For pytest: ``version``'s originals module, or a skip that says why not.
 
     Under CI (``CI`` set, as the CI runner does) a missing original is a failure, not a
     skip: the parity tests that need it (``select_config``, exception types, the
     interpreter runs) must not pass silently because a download failed."""
-    import pytest
-
     try:
         return load(version)
     except OriginalsUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"vLLM {version} originals unavailable under CI: {exc}")
-        pytest.skip(f"vLLM {version} originals unavailable: {exc}")
+        _unavailable(version, exc)

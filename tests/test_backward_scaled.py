@@ -256,9 +256,10 @@ def dataclass_with_meta(case, meta_from):
 @pytest.mark.parametrize("fmt", ["e4m3", "bytes"])
 def test_scaled_fp8_backward_lowers_to_triton_for_sm90(monkeypatch, fmt):
     """Without a GPU: jax.grad of an fp8 call with traced scales lowers through the Triton path
-    for CUDA (both walks of the Pallas backward, fused and split caches), as on an H100/H200;
-    the kernels take the scale operand and convert the cache in registers. For uint8 bytes
-    (no cotangent) the dK/dV kernel is not in the program."""
+    for CUDA (both walks of the Pallas backward, fused and split caches), as on an H100/H200:
+    the backward kernels are in the exported program, the inverted dK/dV walk for e4m3; for
+    uint8 bytes (no cotangent) the dK/dV kernel is not in the program. (What the kernels
+    compute with the scales is checked numerically in interpret mode, above, and on the GPU.)"""
     import types
 
     from jax._src.pallas.triton import pallas_call_registration as registration

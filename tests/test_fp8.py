@@ -760,9 +760,11 @@ def _interpret_034_main() -> int:
             d = case.head_dim
             kv_t = to_t(kv)
             k_view, v_view = kv_t.transpose(1, 2).split(d, dim=-1)
-            theirs = mod.qsa_sparse_paged_attention(
-                to_t(case.q), k_view, v_view, to_t(case.logical_indices), to_t(case.block_table),
-                to_t(case.token_to_req), False, None, K_SCALE, V_SCALE, output_gate=to_t(case.output_gate))
+            q_t = to_t(case.q)
+            theirs = mod.qsa_sparse_paged_attention(  # into a NaN-poisoned out: every row must be written
+                q_t, k_view, v_view, to_t(case.logical_indices), to_t(case.block_table),
+                to_t(case.token_to_req), False, torch.full_like(q_t, float("nan")), K_SCALE, V_SCALE,
+                output_gate=to_t(case.output_gate))
             theirs = theirs.view(torch.int16).numpy().view(C.BF16)
             ours = _run(case, kv, "xla", k_scale=K_SCALE, v_scale=V_SCALE)
             err = _rel(ours, theirs)

@@ -554,13 +554,14 @@ def test_misaligned_view_is_copied_with_warning():
 def test_noncompact_out_is_written():
     case = next(c for c, _ in SPARSE if c.name == "tp1_r3_s64_full")
     _, a, gate = _sparse_args(case)
-    big = torch.zeros((a["q"].shape[0], a["q"].shape[1] * 2, a["q"].shape[2]), dtype=torch.bfloat16)
+    # NaN-poisoned: the interleaved heads must stay untouched (even by zeros), every out head written.
+    big = torch.full((a["q"].shape[0], a["q"].shape[1] * 2, a["q"].shape[2]), float("nan"), dtype=torch.bfloat16)
     out = big[:, ::2]
     with pytest.warns(S.ShimCopyWarning):
         got = _call_sparse(S.qsa_sparse_paged_attention, a, gate, out)
     assert got is out
     assert_fidelity(to_numpy(out), dict(SPARSE_BY_NAME)[case.name])
-    assert not big[:, 1::2].any()
+    assert torch.isnan(big[:, 1::2]).all()
 
 
 def test_install_swaps_module():

@@ -239,7 +239,14 @@ def _emulated_triton_call(*args, kernel, out_shape, grid, input_output_aliases=N
     t_args = [a if isinstance(a, (int, float)) else to_torch(a) for a in args]
     dtypes = {jnp.dtype(jnp.bfloat16): torch.bfloat16, jnp.dtype(jnp.float32): torch.float32,
               jnp.dtype(jnp.int32): torch.int32, jnp.dtype(jnp.int64): torch.int64}
-    outs = [torch.empty(s.shape, dtype=dtypes[jnp.dtype(s.dtype)]) for s in shapes]
+    # Poisoned as Pallas's interpret mode poisons its outputs (NaN, the integer minimum), so an
+    # element a kernel leaves unwritten shows instead of reading as the allocator's zeros.
+    def poisoned(s):
+        dtype = dtypes[jnp.dtype(s.dtype)]
+        fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+        return torch.full(s.shape, fill, dtype=dtype)
+
+    outs = [poisoned(s) for s in shapes]
     for i, o in (input_output_aliases or {}).items():
         outs[o] = t_args[i].clone()
     kernel[tuple(grid)](*t_args, *outs, **meta)
@@ -299,23 +306,28 @@ def _interpret_sparse_cases(max_rows: int, max_cost: int):
     case = C.small_edge_case(rng, "fresh_edge")
     # The gate in fp32, off bf16's grid: the kernels read it as fp32, as the originals do.
     case.output_gate = C.off_grid_gate(rng, case.output_gate)
-    problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
-                                                case.token_to_req, case.output_gate, use_prefill_config=False,
-                                                config=None)
-    cfg = problem.config
     k, v = case.split_caches()
-    expected = oracle.sparse_attention_oracle(case.q, k, v, case.logical_indices, case.block_table,
-                                              case.token_to_req, case.output_gate, block_n=cfg.block_n,
-                                              num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
-    try:
-        got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
-                       jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
-                       jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
-        err = assert_fidelity(np.asarray(got), expected, what="fresh_edge vs oracle")["rel_err"]
-        print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
-    except AssertionError as exc:
-        failures += 1
-        print("FAIL", exc)
+    # The table's split launch, then the one-split kernel (no merge: it normalises, gates and
+    # stores the rows itself), which no golden small enough for the interpreter reaches.
+    for explicit in (None, "one split"):
+        problem = sbase.check_sparse_attention_args(case.q, case.kv_cache, case.logical_indices, case.block_table,
+                                                    case.token_to_req, case.output_gate, use_prefill_config=False,
+                                                    config=None if explicit is None else one_split)
+        cfg = problem.config
+        one_split = (cfg.block_n, cfg.num_warps, cfg.num_tiles, 1)
+        expected = oracle.sparse_attention_oracle(case.q, k, v, case.logical_indices, case.block_table,
+                                                  case.token_to_req, case.output_gate, block_n=cfg.block_n,
+                                                  num_tiles=cfg.num_tiles, num_splits=cfg.num_splits)
+        try:
+            got = stri.run(problem, jnp.asarray(case.q), (jnp.asarray(case.kv_cache),),
+                           jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
+                           jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
+            err = assert_fidelity(np.asarray(got), expected, what=f"fresh_edge {cfg} vs oracle")["rel_err"]
+            print(f"sparse_attention fresh_edge cfg={tuple(cfg)} rel_err={err:.2e}")
+        except AssertionError as exc:
+            failures += 1
+            print("FAIL", exc)
+    assert cfg.num_splits == 1, cfg
     failures += _interpret_fp8_cases(sbase, stri)
     return failures, forms_seen
 
@@ -766,10 +778,7 @@ def test_split_kernel_fp8_one_tile_launch_compiles_like_034(tmp_path):
     from qsa_jax import arg_specs
     from qsa_testing import originals
 
-    try:
-        path = str(originals.ensure_extracted("0.34.0"))
-    except originals.OriginalsUnavailable as exc:
-        pytest.skip(f"vLLM 0.34.0's qsa.py unavailable: {exc}")
+    path = str(originals.extracted_or_skip("0.34.0"))
     geo = arg_specs.GEOMETRIES["TP1"]
     got = {}
     for name, kernel in (("ours", AB.ours(geo, 8, 64, 33, 2, "jit", fp8=True)),
@@ -783,7 +792,7 @@ def test_split_kernel_fp8_one_tile_launch_compiles_like_034(tmp_path):
     assert ours["whole_classes"]["global"] - vllm["whole_classes"]["global"] == 2, (ours, vllm)
     assert abs(ours["sass_length"] - vllm["sass_length"]) <= 0.02 * vllm["sass_length"], (ours, vllm)
     with pytest.raises(SystemExit, match="no fp8 path"):
-        AB.theirs(str(originals.ensure_extracted("0.30.0")), str(tmp_path), geo, 8, 64, 33, 2, "jit", fp8=True)
+        AB.theirs(str(originals.extracted_or_skip("0.30.0")), str(tmp_path), geo, 8, 64, 33, 2, "jit", fp8=True)
 
 
 def _problem_on_030_table(rows, g):
