@@ -396,6 +396,33 @@ def test_bench_exit_status_reports_a_failed_case(tmp_path, monkeypatch):
     assert "**FAIL**" in (tmp_path / "results.md").read_text()
 
 
+def test_sparse_check_sees_the_rows_the_accuracy_sample_skips():
+    """``measure_sparse.check`` passes on the accuracy contract over up to 16 sampled rows; a
+    NaN, a written empty row or a garbage row elsewhere in the output must still fail it."""
+    import numpy as np
+
+    from bench.measure_sparse import check
+    from qsa_testing import cases as C
+
+    rng = np.random.default_rng()
+    exact = rng.standard_normal((64, 4, 32))
+    exact[5] = 0.0  # an empty row: exactly zero in every result
+    ref = exact.astype(C.BF16).astype(np.float64)  # "the original": exact rounded once
+    ours = (exact + 1e-3 * rng.standard_normal(exact.shape)).astype(C.BF16).astype(np.float64)
+    ours[5] = 0.0
+    sampled = np.array([0, 21, 42, 63])
+    ours[sampled] = ref[sampled]  # the sampled rows at the original's error: accuracy passes there
+    good = check(ours, ref, "original", (sampled, exact[sampled]))
+    assert good.ok and good.why is None, good
+    for name, spoil in (("NaN", lambda x: x.__setitem__((7, 1, 3), np.nan)),
+                        ("empty row", lambda x: x.__setitem__((5, 0, 0), 1.0)),
+                        ("garbage row", lambda x: x.__setitem__(9, rng.standard_normal((4, 32)) * 10))):
+        bad = ours.copy()
+        spoil(bad)
+        got = check(bad, ref, "original", (sampled, exact[sampled]))
+        assert not got.ok and got.why, (name, got)
+
+
 def test_committed_results_load_and_render_unchanged():
     """Every committed results.json loads into records that write the same JSON back (nothing
     left over in ``extra``); the newest grid's markdown renders exactly as committed."""
