@@ -294,6 +294,29 @@ def test_summary_marks_host_bound_cells():
     assert "‡ wall clock more than" in table
 
 
+def test_summary_ratio_is_to_the_faster_original():
+    """The summary's × is the device time over the faster original's (0.34.0 where it beat
+    0.30.0, the only one for fp8); the shim's torch routes are never marked host-bound."""
+    from bench import summarize
+
+    def rec(impl, dev, busy=None, o30=None, o34=None):
+        return dataclasses.replace(_result(impl, device_s=dev, busy_s=busy), rates=Rates(
+            pct_copy_bw=5.0, ratio_to_original=dev / o30 if o30 else None,
+            ratio_to_original034=dev / o34 if o34 else None))
+
+    res = _run([rec("original", 10e-6), rec("original034", 8e-6), rec("pallas", 9e-6, o30=10e-6, o34=8e-6),
+                rec("shim-tt", 30e-6, 10e-6, o30=10e-6, o34=8e-6)])
+    table = summarize.summary_table(res)
+    assert "| rows | original | original034 | pallas | shim-tt |" in table
+    row = [line for line in table.splitlines() if line.startswith("| 1 |")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "×" not in cells[1] and "×" not in cells[2]  # the originals carry no ratio
+    assert "×1.12" in cells[3]  # 9 / 8, not 9 / 10
+    assert "×3.75" in cells[4] and "‡" not in cells[4]
+    fp8 = _run([rec("original034", 8e-6), rec("triton", 6e-6, o34=8e-6)])
+    assert "×0.75" in summarize.summary_table(fp8)
+
+
 def test_hopper_sweep_pieces_on_cpu(tmp_path):
     """bench.hopper_sweep's GPU-free parts: the candidate tilings, the exact-attention check it
     gates configs with (against qsa_testing.exact), and the attribution of trace kernels to
