@@ -169,16 +169,36 @@ def surface_module(vllm_version: str | None):
 
 
 def install(module_name: str = ORIGINAL_MODULE, vllm_version: str | None = None):
-    """Make ``import <module_name>`` (vLLM's qsa ops) yield the shim; returns the replaced
+    """Make every import of ``module_name`` (vLLM's qsa ops) yield the shim; returns the replaced
     module or None. vLLM code that imports the ops after this call runs on qsa_jax.
 
     The module put there has the installed vLLM's signatures and warmup summary
     (``surface_module``); ``vllm_version`` overrides the version looked up in the
-    installed distributions.
+    installed distributions. It goes into ``sys.modules`` and, where the parent package
+    imports (vLLM installed), onto that package as its attribute: ``import a.b.qsa as m``,
+    ``from a.b import qsa`` and ``a.b.qsa.f`` after ``import a.b.qsa`` read the attribute, and
+    without it they fail or, once the original was imported, still give the original. Warns
+    when the original had been imported already: what bound its functions before keeps them.
     """
+    import importlib
     import sys
+    import warnings
 
     version = vllm_version if vllm_version is not None else installed_vllm_version()
     previous = sys.modules.get(module_name)
-    sys.modules[module_name] = surface_module(version)
+    surface = surface_module(version)
+    sys.modules[module_name] = surface
+    parent_name, _, leaf = module_name.rpartition(".")
+    if parent_name:
+        try:  # the parent's own import sees the shim in sys.modules already
+            parent = importlib.import_module(parent_name)
+        except ImportError:
+            parent = None  # no such package here (no vLLM): sys.modules is all there is
+        if parent is not None:
+            setattr(parent, leaf, surface)
+    if previous is not None and previous is not surface and not getattr(previous, "__name__", "").startswith(
+            "qsa_torch_shim"):
+        warnings.warn(f"{module_name} was imported before qsa_torch_shim.install(): code that bound its "
+                      "functions then keeps the originals; install before vLLM imports its ops",
+                      RuntimeWarning, stacklevel=2)
     return previous

@@ -576,6 +576,40 @@ def test_install_swaps_module():
     assert prev is None
 
 
+@pytest.mark.parametrize("original_imported_first", [False, True])
+def test_install_serves_every_import_form(tmp_path, monkeypatch, original_imported_first):
+    """With a package on disk standing in for vLLM's (``pkg.ops.qsa``), every way vLLM code can
+    import the ops gives the shim after ``install()``: the attribute forms read the parent
+    package, which ``sys.modules`` alone does not change. If the original was imported first,
+    install warns: what bound it before keeps it."""
+    import importlib
+    import sys
+
+    pkg = tmp_path / "qsa_fake_vllm_pkg"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops" / "__init__.py").write_text("")
+    (pkg / "ops" / "qsa.py").write_text("ORIGINAL = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = "qsa_fake_vllm_pkg.ops.qsa"
+    try:
+        if original_imported_first:
+            assert importlib.import_module(name).ORIGINAL
+            with pytest.warns(RuntimeWarning, match="imported before"):
+                S.install(name, vllm_version="0.34.0")
+        else:
+            S.install(name, vllm_version="0.34.0")
+        import qsa_fake_vllm_pkg.ops.qsa as as_alias
+        from qsa_fake_vllm_pkg.ops import qsa as from_parent
+        import qsa_fake_vllm_pkg.ops.qsa
+        from qsa_fake_vllm_pkg.ops.qsa import qsa_sparse_paged_attention
+        assert as_alias is from_parent is qsa_fake_vllm_pkg.ops.qsa is S
+        assert qsa_sparse_paged_attention is S.qsa_sparse_paged_attention
+    finally:
+        for mod in [m for m in sys.modules if m.startswith("qsa_fake_vllm_pkg")]:
+            sys.modules.pop(mod)
+
+
 def test_torch_compile_traces_through_custom_ops():
     case = next(c for c, _ in SPARSE if c.name == "tp1_r16_s16")
     _, a, gate = _sparse_args(case)
