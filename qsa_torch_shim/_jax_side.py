@@ -276,7 +276,7 @@ def _compress(raw_keys, raw_positions, ring, rope, block_table, token_to_req, qu
 
     pos_lo, pos_hi = _split_words(raw_positions)  # [R, 1, 3] each
 
-    def run(positions, rope_part):
+    def run(positions, rope_part, implementation=implementation):
         return qsa_jax.compress_groups_with_ratio(
             raw_keys, positions, keys, block_table, token_to_req, query_start_loc, e,
             compressed_slots, compress_ratio, rope_part, implementation=implementation)
@@ -293,7 +293,9 @@ def _compress(raw_keys, raw_positions, ring, rope, block_table, token_to_req, qu
         return pooled, first_words
     rope_lo, rope_hi = _split_words(rope)
     # First positions are a selection (a gather or 0): low and high words
-    # are selected independently and exactly.
+    # are selected independently and exactly. The high words' pass runs the XLA
+    # implementation, whose pooling (unused here) XLA drops, so the kernel pools once
+    # (a kernel's pass would pool again; every implementation selects the same words).
     pooled, first_lo = run(pos_lo, rope_lo)
-    _, first_hi = run(pos_hi, rope_hi)
+    _, first_hi = run(pos_hi, rope_hi, "xla")
     return pooled, jnp.stack([first_lo, first_hi], -1)

@@ -123,6 +123,45 @@ def test_compress_packed_ring_is_imported_whole(case, pooled, first, monkeypatch
     assert a["_store"].data_ptr() in imported, "the packed ring storage was not imported whole"
 
 
+def test_compress_with_a_rope_cache_pools_once(monkeypatch):
+    """With a rope cache the first positions' int64 words are selected in two passes (low, then
+    high words); only the first runs the kernel, the high words' pass is XLA's, whose unused
+    pooling XLA drops. Traced with Pallas (interpret mode here): one pallas_call, where the
+    kernel used to run for both passes; and the result is the golden one."""
+    import jax
+
+    from qsa_torch_shim import _jax_side as J
+
+    case, pooled, first = next(c for c in COMPRESS if c[0].rope_cache is not None and c[0].raw_keys.shape[0])
+    seen = {}
+    real = J.compress
+
+    def spy(*args, **kwargs):
+        seen["args"], seen["kw"] = args, kwargs
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(J, "compress", spy)
+    got_pooled, got_first = _compress_call(_compress_torch(case, packed=True), implementation="pallas")
+    np.testing.assert_array_equal(to_numpy(got_pooled).view(np.uint16), pooled.view(np.uint16))
+    np.testing.assert_array_equal(to_numpy(got_first), first)
+    kw = {k: v for k, v in seen["kw"].items() if k != "ffi_fence"}
+    assert kw["rope_mode"] == "packed" and kw["implementation"] == "pallas", kw
+    def kernels(jaxpr) -> int:  # pallas_call equations, counted at every call site
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += eqn.primitive.name == "pallas_call"
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        n += kernels(sub.jaxpr)
+                    elif isinstance(sub, jax.extend.core.Jaxpr):
+                        n += kernels(sub)
+        return n
+
+    closed = jax.make_jaxpr(lambda *a: J._compress(*a, **kw))(*seen["args"][1:])
+    assert kernels(closed.jaxpr) == 1, kernels(closed.jaxpr)
+
+
 @pytest.mark.parametrize("field", ["token_to_req", "compressor_state_block_table"])
 def test_compress_int64_metadata_past_int32_saturates(field):
     """int64 request ids and ring blocks beyond int32 are out of range, as in the originals:
