@@ -88,6 +88,12 @@ def _placement(q, k_cache, v_cache, logical_indices, block_table, token_to_req, 
         raise AssertionError("logical_indices and block_table need unit column stride")
     if token_to_req.stride(0) != 1:
         raise AssertionError("token_to_req needs unit stride")
+    # out and output_gate: the originals read out.shape, then output_gate.is_contiguous(), so
+    # an argument without that attribute (a list, None for the gate) fails there with an
+    # AttributeError, which this names; one with it (a NumPy array) fails the asserts below.
+    if out is not None and not hasattr(out, "shape"):
+        raise AttributeError(f"qsa_sparse_paged_attention: out must be a torch.Tensor or None; got "
+                             f"{type(out).__module__}.{type(out).__name__}")
     if out is not None:
         if out.shape != q.shape:
             raise ValueError(f"qsa_sparse_paged_attention: out must have q's shape: out {tuple(out.shape)}, "
@@ -96,6 +102,9 @@ def _placement(q, k_cache, v_cache, logical_indices, block_table, token_to_req, 
             raise AssertionError("out must have q's dtype and device")
         if out.stride(2) != 1:
             raise AssertionError("out needs unit stride in head_dim")
+    if not hasattr(output_gate, "is_contiguous"):
+        raise AttributeError(f"qsa_sparse_paged_attention: output_gate must be a torch.Tensor; got "
+                             f"{type(output_gate).__module__}.{type(output_gate).__name__}")
     if not output_gate.is_contiguous():
         raise AssertionError("output_gate must be contiguous")
 
@@ -122,10 +131,10 @@ def check_sparse(q, k_cache, v_cache, logical_indices, block_table, token_to_req
     _shapes(q, k_cache, v_cache, logical_indices, block_table, token_to_req)
     # The originals' dtype asserts come next and fail for anything but a torch tensor (a NumPy
     # array's dtype is never torch's): AssertionError, as they raise it, naming the argument.
+    # (out and output_gate are read later, by attribute: _placement.)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("logical_indices", logical_indices),
-                    ("block_table", block_table), ("token_to_req", token_to_req), ("out", out),
-                    ("output_gate", output_gate)):
-        if not (isinstance(x, torch.Tensor) or (x is None and name == "out")):
+                    ("block_table", block_table), ("token_to_req", token_to_req)):
+        if not isinstance(x, torch.Tensor):
             raise AssertionError(f"qsa_sparse_paged_attention: {name} must be a torch.Tensor; got "
                                  f"{type(x).__module__}.{type(x).__name__}")
     if surface == "0.30":

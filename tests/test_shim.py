@@ -364,6 +364,29 @@ def test_sparse_exception_parity_with_original(versioned, name):
     assert type(got.value) is type(expected.value), (got.value, expected.value)
 
 
+# Inputs the originals reject by reading an attribute the argument lacks (``out.shape``,
+# ``output_gate.is_contiguous()``): AttributeError there, which the parity test above rules out
+# (a stub of the CPU-run originals could raise one too), so here the attribute is named.
+BAD_BY_ATTRIBUTE = {
+    "out_list": (lambda a, g: (a, g, [0.0]), "shape"),
+    "gate_none": (lambda a, g: (a, None, None), "is_contiguous"),
+    "gate_numpy": (lambda a, g: (a, g.float().numpy(), None), "is_contiguous"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_BY_ATTRIBUTE))
+def test_sparse_attribute_errors_match_original(versioned, name):
+    orig, surface = versioned
+    case = next(c for c, _ in SPARSE if c.name == "tp1_r3_s64_full")
+    _, a, gate = _sparse_args(case)
+    mutate, attribute = BAD_BY_ATTRIBUTE[name]
+    args, g, out = mutate(dict(a), gate)
+    with pytest.raises(AttributeError, match=attribute):
+        _call_sparse(orig.qsa_sparse_paged_attention, args, g, out)
+    with pytest.raises(AttributeError, match="out must be|output_gate must be"):
+        _call_sparse(surface.qsa_sparse_paged_attention, args, g, out)
+
+
 def test_empty_batch_returns_like_original(orig):
     case = next(c for c, _ in SPARSE if c.q.shape[0] == 0)
     _, a, gate = _sparse_args(case)
