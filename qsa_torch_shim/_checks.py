@@ -11,6 +11,8 @@ fire where the originals would have launched.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)  # uint8: e4m3 bytes (below sm_89)
@@ -169,9 +171,9 @@ def check_compress(raw_keys, raw_positions, compressor_state_cache, compressor_s
                     token_to_req, query_start_loc, logical_positions, compressed_slots,
                     compress_ratio, rope_cache):
     rows = token_to_req.numel()
-    if not isinstance(compress_ratio, int) or isinstance(compress_ratio, bool):
+    if not isinstance(compress_ratio, numbers.Integral) or isinstance(compress_ratio, bool):
         # The originals' kernel takes it as a loop bound (a float fails there); int() would
-        # silently pool groups of floor(C).
+        # silently pool groups of floor(C). Any integral type (a NumPy int) is exact.
         raise TypeError(f"qsa_compress_groups_with_ratio: compress_ratio must be an int; got {compress_ratio!r}")
     if compress_ratio <= 0:
         raise ValueError(f"qsa_compress_groups_with_ratio: compress_ratio must be >= 1; got {compress_ratio}")

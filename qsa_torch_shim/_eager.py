@@ -118,6 +118,7 @@ def _write_back(result, dest: torch.Tensor, what: str) -> torch.Tensor:
             I.warn_copy(what, "was not updated in place by JAX (buffer donation not honoured; "
                         "JAX's CPU backend never honours it)", stacklevel=4)
         dest.copy_(alias.view(dest.shape))
+        COPY_SOURCES.hold(alias)  # JAX's memory, read by the copy queued on torch's stream
     return dest
 
 
@@ -313,7 +314,9 @@ def store_cache_rows_impl(cache, slot_mapping, rows, implementation=None) -> Non
     if in_place:
         _exported(ffi, result, _write_back, result, cache, "cache")
     else:
-        cache.copy_(_exported(ffi, result, I.to_torch, result, cache))
+        source = _exported(ffi, result, I.to_torch, result, cache)
+        cache.copy_(source)
+        COPY_SOURCES.hold(source)  # JAX's memory, read by the copy queued on torch's stream
 
 
 

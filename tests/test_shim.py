@@ -431,6 +431,17 @@ def test_compress_checks_match_recorded(name):
         _compress_call(mutate(_compress_torch(case)))
 
 
+def test_compress_ratio_of_any_integral_type():
+    """A NumPy integer ratio pools as the Python int does (bit for bit); a bool is refused."""
+    case, pooled, first = next(c for c in COMPRESS if c[0].name == "prefill_s4_rope")
+    a = _compress_torch(case)
+    got_pooled, got_first = _compress_call({**a, "compress_ratio": np.int64(case.compress_ratio)})
+    np.testing.assert_array_equal(to_numpy(got_pooled).view(np.uint16), pooled.view(np.uint16))
+    np.testing.assert_array_equal(to_numpy(got_first), first)
+    with pytest.raises(TypeError, match="compress_ratio"):
+        _compress_call({**a, "compress_ratio": True})
+
+
 STORE_BAD = {
     "cache_3d": (lambda c, s, r: (c[:, :, 0], s, r), ValueError),
     "cache_two_heads": (lambda c, s, r: (torch.cat([c, c], 2), s, r), ValueError),
