@@ -36,8 +36,10 @@ from qsa_torch_shim import _private_api as P
 
 NAME = "triton-torch"
 
+# The dtypes the direct launch takes (others take the JAX route); fp16 and fp32 for the gate,
+# which the kernels read as fp32 whatever its dtype (the checks before keep q and K/V to theirs).
 _JNP = {torch.bfloat16: jnp.bfloat16, torch.float8_e4m3fn: jnp.float8_e4m3fn, torch.uint8: jnp.uint8,
-        torch.int32: jnp.int32}
+        torch.int32: jnp.int32, torch.float16: jnp.float16, torch.float32: jnp.float32}
 _TORCH = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 

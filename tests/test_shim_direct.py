@@ -246,6 +246,29 @@ def test_gpu_triton_torch_equals_the_jax_route(rows, kv_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gate_dtype", ["float16", "float32"])
+def test_gpu_triton_torch_float_gates(gate_dtype):
+    """fp16 and fp32 gates launch directly since session 31 (they took the JAX route before):
+    the same bits as implementation="triton" through JAX with that gate."""
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    import qsa_torch_shim as S
+    from qsa_torch_shim import _direct
+
+    args, gate, _ = _gpu_call(64, "bf16", seed=7)
+    gate = (gate.float() + 1e-3 * torch.randn_like(gate.float())).to(getattr(torch, gate_dtype))  # off bf16's grid
+    want = _triton_route(*args, output_gate=gate)
+    before = _direct.ROUTES.direct
+    got = S.qsa_sparse_paged_attention(*args, output_gate=gate, implementation="triton-torch")
+    torch.cuda.synchronize()
+    assert _direct.ROUTES.direct == before + 1
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
 def test_gpu_jax_route_runs_the_torch_routes_cubins(kv_dtype, monkeypatch):
     """JAX's launch (implementation="triton", at the table triton-torch takes) hands jaxlib the
@@ -561,6 +584,20 @@ def interpret_main() -> int:
                 calls += 1
             plans.add(splits == 1)
     assert plans == {True, False}, "both the one-split and the merge launch must run"
+    # fp16 and fp32 gates (vLLM's reads any float gate as fp32) launch directly too, and
+    # match the XLA reference on a gate off bf16's grid.
+    case = C.sparse_attention_case(rng, name="gates", rows=4, num_query_heads=4, num_kv_heads=2, head_dim=16,
+                                   page_size=8, selection_blocks=4, context_tokens=32, num_requests=2)
+    k, v = kv_views(t(case.kv_cache), 16)
+    meta = (t(case.logical_indices), t(case.block_table), t(case.token_to_req), False)
+    off_grid = torch.from_numpy(C.off_grid_gate(rng, case.output_gate).astype(np.float32))
+    for gate in (off_grid.half(), off_grid):
+        before = _direct.ROUTES.direct
+        got = S.qsa_sparse_paged_attention(t(case.q), k, v, *meta, output_gate=gate, implementation="triton-torch")
+        want = S.qsa_sparse_paged_attention(t(case.q), k, v, *meta, output_gate=gate, implementation="xla")
+        assert _direct.ROUTES.direct == before + 1, f"a {gate.dtype} gate did not launch directly"
+        assert_fidelity(to_numpy(got), to_numpy(want), what=f"{gate.dtype} gate")
+    calls += 2
     # Layouts the kernels cannot read in place take the JAX route: jax-triton where it runs,
     # else qsa_jax's default (here, without a GPU: xla).
     case = C.sparse_attention_case(rng, name="fallback", rows=4, num_query_heads=4, num_kv_heads=2, head_dim=16,
