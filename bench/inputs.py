@@ -138,21 +138,29 @@ class SparseInputs:
     q: jax.Array
     gate: jax.Array
     block_table: jax.Array
-    token_to_req: jax.Array
+    token_to_req: jax.Array  # set 0's (the checked call's)
     idx: list
     valid_entries: list  # per set: number of valid (consumed) entries over all rows
+    t2r: list = None  # per set: its token_to_req (``own_requests``), else ``token_to_req`` N times
+
+    def __post_init__(self):
+        if self.t2r is None:
+            self.t2r = [self.token_to_req] * len(self.idx)
 
 
 def sparse_inputs(geo: BenchGeometry, rows: int, n: int, seed: int,
-                  num_requests: int | None = None) -> SparseInputs:
+                  num_requests: int | None = None, own_requests: bool = False) -> SparseInputs:
     """``num_requests``: requests the rows are dealt to (default: one per row; set 0 of
-    the selections only -- ``index_sets`` draws positions without requests)."""
+    the selections only -- ``index_sets`` draws positions without requests).
+    ``own_requests`` (``bench.run --cold-l2``): set i's rows are requests i*rows .. i*rows+rows-1
+    of a block table of rows*n requests, each mapped to random pages of the pool, so the sets
+    read different K/V (every request has the same context, so any set's positions fit any)."""
     rng = np.random.default_rng(seed)
     case = C.sparse_attention_case(
         rng, rows=rows, num_query_heads=geo.num_query_heads, num_kv_heads=geo.num_kv_heads,
         head_dim=geo.head_dim, page_size=geo.page_size, selection_blocks=geo.selection_blocks,
         context_tokens=geo.context_tokens, num_pages=geo.pool_pages, make_cache=False,
-        num_requests=num_requests)
+        num_requests=rows * n if own_requests else num_requests)
     w = geo.selection_width
     idx = [jnp.asarray(case.logical_indices)]
     if n > 1:
@@ -160,9 +168,11 @@ def sparse_inputs(geo: BenchGeometry, rows: int, n: int, seed: int,
     # Every entry below the count is a valid token of a valid page in these
     # sets (and every entry past it is -1), so valid entries = sum of counts.
     valid = [int(jnp.sum(jnp.clip(x[:, w], 0, w))) for x in idx]
-    out = SparseInputs(jnp.asarray(case.q), jnp.asarray(case.output_gate),
-                       jnp.asarray(case.block_table), jnp.asarray(case.token_to_req), idx, valid)
-    jax.block_until_ready((out.q, out.gate, out.block_table, out.token_to_req, out.idx))
+    t2r = [jnp.asarray(np.arange(i * rows, (i + 1) * rows, dtype=np.int32)) for i in range(n)] \
+        if own_requests else None
+    out = SparseInputs(jnp.asarray(case.q), jnp.asarray(case.output_gate), jnp.asarray(case.block_table),
+                       t2r[0] if own_requests else jnp.asarray(case.token_to_req), idx, valid, t2r)
+    jax.block_until_ready((out.q, out.gate, out.block_table, out.token_to_req, out.idx, out.t2r))
     return out
 
 

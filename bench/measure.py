@@ -44,6 +44,7 @@ class Context:
     torch_modules: dict  # impl -> module with the originals' functions (loaded ones only)
     say: Callable[[str], None]  # a line for the log, beside the progress bar
     warned: set = dataclasses.field(default_factory=set)  # warnings already shown
+    cold_l2: bool = False  # sparse attention's --cold-l2 (measure_sparse.sets_per_unit)
 
     def traced(self, case: Case) -> bool:
         return case.impl in TRACED_IMPLS and case.rows <= self.trace_rows

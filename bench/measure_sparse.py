@@ -23,6 +23,9 @@ from qsa_testing import agreement
 # Dequantisation scales of the fp8 rows: other than 1 so that a dropped or swapped
 # scale shows in the check.
 FP8_K_SCALE, FP8_V_SCALE = 0.5, 2.0
+# --cold-l2: the K/V bytes one timed unit reads, at least this many times the card's L2, and at
+# most this many sets (sets_per_unit).
+COLD_L2_FACTOR, COLD_L2_MAX_SETS = 4, 256
 # The whole output's relative Frobenius error from the reference that ``check`` allows beside
 # the accuracy contract on its sampled rows (see there).
 WHOLE_OUTPUT_BAR = 1e-2
@@ -43,7 +46,8 @@ def measure_geometry(ctx: Context, tp: str, kv_dtype: str, cases: list[Case]) ->
     oracle_kv = []  # the pool on the host, split, made once when the oracle needs it
     try:
         for rows, by_rows in itertools.groupby(cases, key=lambda c: c.rows):
-            inp = I.sparse_inputs(geo, rows, ctx.n_calls, ctx.seed + 1000 * rows + geo.num_query_heads)
+            inp = I.sparse_inputs(geo, rows, sets_per_unit(ctx, geo, rows, fp8),
+                                  ctx.seed + 1000 * rows + geo.num_query_heads, own_requests=ctx.cold_l2)
             tt = _torch_inputs(inp, kv_t, geo, fp8) if torch is not None else None
             for flag, same in itertools.groupby(by_rows, key=lambda c: c.use_prefill_config):
                 yield from _measure_shape(ctx, geo, kv, inp, tt, flag, list(same), scales, oracle_kv)
@@ -55,6 +59,29 @@ def measure_geometry(ctx: Context, tp: str, kv_dtype: str, cases: list[Case]) ->
             torch.cuda.empty_cache()
 
 
+def l2_bytes(gpu: bool) -> int:
+    """The current GPU's L2 size (torch's device properties; 50 MiB, an H100's, where torch
+    does not say), 0 off a GPU."""
+    if not gpu:
+        return 0
+    try:
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
+    except Exception:  # no torch, or a torch without the field
+        return 50 << 20
+
+
+def sets_per_unit(ctx, geo, rows: int, fp8: bool) -> int:
+    """Input sets (calls) per timed unit: ``--n-calls``; with ``--cold-l2`` at least as many as
+    make the unit's K/V reads COLD_L2_FACTOR x the L2 (each set its own requests' pages), so a
+    cyclic replay of the unit cannot find them there (at most COLD_L2_MAX_SETS)."""
+    if not ctx.cold_l2:
+        return ctx.n_calls
+    per_call = I.sparse_bytes(geo, rows, rows * geo.selection_width, kv_bytes=1 if fp8 else 2)["total"]
+    return min(COLD_L2_MAX_SETS, max(ctx.n_calls, -(-COLD_L2_FACTOR * l2_bytes(ctx.gpu) // per_call)))
+
+
 def _torch_inputs(inp, kv_t, geo, fp8) -> dict:
     """The same inputs as torch tensors (zero-copy), K/V as vLLM's strided views of the pool."""
     import torch
@@ -63,7 +90,7 @@ def _torch_inputs(inp, kv_t, geo, fp8) -> dict:
 
     k_c, v_c = kv_views(kv_t, geo.head_dim)
     return dict(q=torch.from_dlpack(inp.q), gate=torch.from_dlpack(inp.gate),
-                bt=torch.from_dlpack(inp.block_table), t2r=torch.from_dlpack(inp.token_to_req),
+                bt=torch.from_dlpack(inp.block_table), t2r=[torch.from_dlpack(x) for x in inp.t2r],
                 idx=[torch.from_dlpack(x) for x in inp.idx], k=k_c, v=v_c,
                 scales=(FP8_K_SCALE, FP8_V_SCALE) if fp8 else ())
 
@@ -171,24 +198,24 @@ def _exact_rows(kv, inp, rows, scales):
     return picked, ex
 
 
-def _many(q, kv, idx_sets, block_table, token_to_req, gate, *, flag, impl, scales):
-    """N calls in sequence, one per selection set (one jitted function)."""
-    return sequential_calls(lambda idx: qsa_jax.sparse_attention(
-        q, kv, idx, block_table, token_to_req, gate, use_prefill_config=flag, implementation=impl, **scales),
-        idx_sets)
+def _many(q, kv, sets, block_table, gate, *, flag, impl, scales):
+    """N calls in sequence, one per (selection, token_to_req) set (one jitted function)."""
+    return sequential_calls(lambda s: qsa_jax.sparse_attention(
+        q, kv, s[0], block_table, s[1], gate, use_prefill_config=flag, implementation=impl, **scales),
+        sets)
 
 
 def _jax_calls(kv, inp, flag, impl, *, scales) -> JaxCalls:
     impl = None if impl == AUTO else impl  # the library's own choice
 
     def one(i):
-        return qsa_jax.sparse_attention(inp.q, kv, inp.idx[i], inp.block_table, inp.token_to_req, inp.gate,
+        return qsa_jax.sparse_attention(inp.q, kv, inp.idx[i], inp.block_table, inp.t2r[i], inp.gate,
                                         use_prefill_config=flag, implementation=impl, **scales)
 
     return JaxCalls(first=lambda: np.asarray(jax.block_until_ready(one(0))),
                     calls=[functools.partial(one, i) for i in range(len(inp.idx))],
                     many=jax.jit(functools.partial(_many, flag=flag, impl=impl, scales=scales)),
-                    args=(inp.q, kv, tuple(inp.idx), inp.block_table, inp.token_to_req, inp.gate))
+                    args=(inp.q, kv, tuple(zip(inp.idx, inp.t2r)), inp.block_table, inp.gate))
 
 
 def _measure_torch(ctx, case, draft, tt, flag, paired):
@@ -198,8 +225,8 @@ def _measure_torch(ctx, case, draft, tt, flag, paired):
 
     fn = ctx.torch_modules[case.impl].qsa_sparse_paged_attention
     out = torch.empty_like(tt["q"])
-    calls = [functools.partial(fn, tt["q"], tt["k"], tt["v"], idx, tt["bt"], tt["t2r"], flag, out, *tt["scales"],
-                               output_gate=tt["gate"]) for idx in tt["idx"]]
+    calls = [functools.partial(fn, tt["q"], tt["k"], tt["v"], idx, tt["bt"], t2r, flag, out, *tt["scales"],
+                               output_gate=tt["gate"]) for idx, t2r in zip(tt["idx"], tt["t2r"])]
     got = torch_measure(ctx, case, draft, calls, to_numpy)
     # The shape's original (0.30.0's, or 0.34.0's where 0.30.0 has no path), measured first,
     # leaves its calls for the shims: their eager latency timed in turns with it.
@@ -215,7 +242,8 @@ def _measure_torch(ctx, case, draft, tt, flag, paired):
     count = ctx.eager_calls
     if case.impl in SHIMS and 2 * tt["q"].numel() * tt["q"].element_size() * count <= 2**30:
         fresh = [functools.partial(fn, tt["q"].clone(), tt["k"], tt["v"], tt["idx"][i % len(tt["idx"])].clone(),
-                                   tt["bt"], tt["t2r"], flag, out, *tt["scales"], output_gate=tt["gate"].clone())
+                                   tt["bt"], tt["t2r"][i % len(tt["t2r"])], flag, out, *tt["scales"],
+                                   output_gate=tt["gate"].clone())
                  for i in range(count + 1)]
         torch.cuda.synchronize()
         timed = eager_latency_once_each(fresh, lambda _: torch.cuda.synchronize())

@@ -65,6 +65,7 @@ class Settings:
     quick: bool
     shim_graph: bool
     trace_rows: int
+    cold_l2: bool = False  # sparse attention: every set its own requests, sets beyond the L2 (measure_sparse)
 
     @property
     def mode(self) -> str:
@@ -89,7 +90,7 @@ class Settings:
             n_calls=args.n_calls or quick.get("n_calls") or (20 if gpu else 4),
             eager_calls=args.eager_calls or quick.get("eager_calls") or (20 if gpu else 5),
             requested=_csv(args.impl), prefill=args.prefill, pool_gb=args.pool_gb, seed=args.seed,
-            quick=args.quick, shim_graph=args.shim_graph,
+            quick=args.quick, shim_graph=args.shim_graph, cold_l2=args.cold_l2,
             trace_rows=args.trace_rows if args.trace_rows is not None else (64 if gpu else 0))
         for tp in s.tps:
             if tp not in TPS:

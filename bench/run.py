@@ -77,6 +77,11 @@ def parse_args(argv=None):
     p.add_argument("--cpu", action="store_true", help="force the reduced CPU mode (JAX on CPU)")
     p.add_argument("--pool-gb", type=float, default=4.0, help="size of each geometry's K/V page pool on the GPU (default 4)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cold-l2", action="store_true",
+                   help="sparse attention: give every input set of a timed unit rows of its own requests (their own "
+                        "pages of the pool) and use as many sets as make the K/V one unit reads >= 4x the card's "
+                        "L2 (at most 256), so that no call finds K/V an earlier call left in the L2, on later "
+                        "passes of the unit either (default: N sets sharing one request per row)")
     p.add_argument("--shim-graph", action="store_true",
                    help="try to capture the shim in a CUDA graph (default: time it as an eager loop)")
     p.add_argument("--trace-rows", type=int,
@@ -239,7 +244,7 @@ def _start(args, settings, status, geos):
         settings={"ops": s.ops, "tps": s.tps, "kv_dtypes": s.kv_dtypes, "fp8_scales": [FP8_K_SCALE, FP8_V_SCALE],
                   "rows": s.rows, "indexer_rows": s.indexer_rows, "rings": s.rings, "n_calls": s.n_calls,
                   "eager_calls": s.eager_calls, "prefill": s.prefill, "pool_gb": s.pool_gb, "seed": s.seed,
-                  "quick": s.quick, "geometries": {tp: g.as_dict() for tp, g in geos.items()}},
+                  "quick": s.quick, "cold_l2": s.cold_l2, "geometries": {tp: g.as_dict() for tp, g in geos.items()}},
         implementations=status, byte_model={op: BYTE_MODEL[op] for op in s.ops}, method=METHOD)
     return run, out_dir
 
@@ -248,7 +253,7 @@ def _context(settings, backends, geos, run, progress):
     from bench.measure import Context
 
     return Context(gpu=settings.gpu, n_calls=settings.n_calls, eager_calls=settings.eager_calls,
-                   trace_rows=settings.trace_rows, shim_graph=settings.shim_graph,
+                   trace_rows=settings.trace_rows, shim_graph=settings.shim_graph, cold_l2=settings.cold_l2,
                    copy_gbps=run.copy_bandwidth["gbps"], seed=settings.seed, geometries=geos,
                    torch_modules=backends.modules, say=progress.write)
 

@@ -58,6 +58,58 @@ def test_bench_cpu_mode_tiny(tmp_path):
     assert (out / "indexer_ops.png").stat().st_size > 0
 
 
+def test_bench_cold_l2_sets(tmp_path, monkeypatch):
+    """--cold-l2: every set of a timed unit reads rows of its own requests (set i: requests
+    i*rows ..), the checked call is set 0's, and the set count grows to 4x the L2 over the K/V
+    one call reads (capped): here a pretend 1 MiB L2 on CPU."""
+    import numpy as np
+
+    from bench import inputs as I
+    from bench import measure_sparse, run
+
+    made = []
+    real = I.sparse_inputs
+
+    def spy(geo, rows, n, seed, **kw):
+        made.append((rows, n, kw))
+        return real(geo, rows, n, seed, **kw)
+
+    monkeypatch.setattr(I, "sparse_inputs", spy)
+    monkeypatch.setattr(measure_sparse, "l2_bytes", lambda gpu: 1 << 20)
+    out = tmp_path / "res"
+    rc = run.main(["--cpu", "--op", "sparse", "--tp", "TP4", "--rows", "1,4", "--n-calls", "2", "--eager-calls", "2",
+                   "--cold-l2", "--no-progress", "--no-plot", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["settings"]["cold_l2"] is True
+    assert all(r["check"]["ok"] and not r.get("error") for r in res["results"]), res["results"]
+    geo = I.geometry("TP4", cpu=True, pool_gb=4.0)
+    assert [rows for rows, _, _ in made] == [1, 4]
+    for rows, n, kw in made:
+        assert kw == {"own_requests": True}
+        per_call = I.sparse_bytes(geo, rows, rows * geo.selection_width)["total"]
+        assert n == min(measure_sparse.COLD_L2_MAX_SETS, max(2, -(-4 * (1 << 20) // per_call))), (rows, n)
+        assert n > 2  # the pretend L2 needs more than --n-calls sets at these sizes
+    inp = real(geo, 4, 3, 0, own_requests=True)
+    assert [np.asarray(t).tolist() for t in inp.t2r] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert inp.block_table.shape[0] == 12 and inp.token_to_req is inp.t2r[0]
+    plain = real(geo, 4, 3, 0)
+    assert all(t is plain.token_to_req for t in plain.t2r) and plain.block_table.shape[0] == 4
+    # The timed calls read each set's own requests: set 1's call equals the call with its
+    # token_to_req, and differs from the same selections on set 0's requests.
+    import qsa_jax
+
+    _, kv = I.make_pool(geo, gpu=False, seed=3)
+    calls = measure_sparse._jax_calls(kv, inp, False, "xla", scales={})
+    args = (inp.q, kv, inp.idx[1], inp.block_table)
+    want = qsa_jax.sparse_attention(*args, inp.t2r[1], inp.gate, implementation="xla")
+    other = qsa_jax.sparse_attention(*args, inp.t2r[0], inp.gate, implementation="xla")
+    got = calls.calls[1]()
+    assert np.array_equal(np.asarray(got), np.asarray(want)) and not np.array_equal(np.asarray(want), np.asarray(other))
+    many = calls.many(*calls.args)
+    assert np.array_equal(np.asarray(many[1]), np.asarray(want))
+
+
 def test_bench_trace_path_on_cpu(tmp_path):
     """--trace-rows runs the traced re-runs (chained store included) without error; on CPU the
     trace holds no kernels, so no busy time is recorded."""
