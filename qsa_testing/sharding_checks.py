@@ -813,6 +813,15 @@ def bad_layout_checks(results):
                                    *(put(explicit, getattr(case, k)) for k in
                                      ("logical_indices", "block_table", "token_to_req")),
                                    put(explicit, case.output_gate, None, "model")), "kv_cache")
+    # A mesh mixing Explicit and Auto axes: the Auto axis's split (here the KV heads') is not in
+    # the types; the operator must refuse rather than gather the cache (session 31).
+    mixed = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"),
+                              axis_types=(AxisType.Explicit, AxisType.Auto))
+    cases["mixed Explicit/Auto mesh"] = (
+        qsa_jax.sparse_attention, (put(mixed, case.q, "data", "model"), put(mixed, kv4, None, "model"),
+                                   put(mixed, case.logical_indices, "data"), put(mixed, case.block_table),
+                                   put(mixed, case.token_to_req, "data"), put(mixed, case.output_gate, "data", "model")),
+        "Auto")
     for label, (fn, args, argname) in cases.items():
         for how in ("eager", "jit"):
             name = f"bad/{label}/{how}"

@@ -41,7 +41,7 @@ def test_every_case_passes(results):
                                 "rows2xheads2", "nested-2x2/heads", "store/pages-split", "compress/rows-split",
                                 "StridedQuery/batch2", "batch-split-on-some", "gate-view-RDH/rows2",
                                 "batch-and-rows-on-one-axis")),
-    "bad/heads split, gate viewed as [R, D, H]/",
+    "bad/heads split, gate viewed as [R, D, H]/", "bad/mixed Explicit/Auto mesh/",
 ])
 def test_layouts_covered(results, prefix):
     assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"

@@ -224,6 +224,17 @@ def _explicit_call(mesh, layout, local, static, *arrays):
     layout is checked now and the shards run under shard_map with exactly those specs
     (custom_partitioning's whole-array trace would fail here: the implementations' gathers
     cannot resolve sharded types)."""
+    # An Auto axis of more than one device beside the Explicit ones: what is split over it is
+    # not in the types, so the shard_map below (manual over every axis) would gather it -- the
+    # whole cache to every device, silently. Refused.
+    auto = [name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+            if kind == jax.sharding.AxisType.Auto and mesh.shape[name] > 1]
+    if auto:
+        raise MeshLayoutError(
+            f"{layout.op}: the arguments' mesh {dict(mesh.shape)} mixes Explicit axes with Auto ones "
+            f"({', '.join(auto)}), whose splits the arrays' types do not show; the operator would run "
+            f"manual over every axis and gather whatever lies split over {', '.join(auto)}. Use a mesh whose "
+            "axes are all Explicit or all Auto (axis_types=)")
     leaves = jax.tree.leaves(arrays)
     axes = resolve(layout, [x.shape for x in leaves], [jax.typeof(x).sharding for x in leaves],
                    dict(mesh.shape))
