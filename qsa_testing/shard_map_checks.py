@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import traceback
 import types
 
 import jax
@@ -44,22 +43,13 @@ from jax.sharding import PartitionSpec as P
 import qsa_jax
 from qsa_testing.cases import E4M3, compress_case, store_case
 from qsa_testing.gradients import BF16_BAR
-from qsa_testing.sharding_checks import (ROWS, _kv_error_over_floor, _psum_dtypes, attention_case,
+from qsa_testing.sharding_checks import (ROWS, _kv_error_over_floor, _psum_dtypes, _run_case, attention_case,
                                          attention_layouts, bits, collectives_in, make_mesh, mesh_case,
                                          per_shard_reference, shard_vjp)
 from qsa_testing.sharding_checks import put as sharding_put
 
 COMPRESS_ORDER = ("raw_keys", "raw_positions", "compressor_state_cache", "compressor_state_block_table",
                   "token_to_req", "query_start_loc", "logical_positions", "compressed_slots")
-
-
-def _run_case(results, name, check):
-    """Append ``check()``'s problem (None: passed) under ``name``; an exception is the problem."""
-    try:
-        problem = check()
-    except Exception:  # noqa: BLE001 - reported as the case's problem
-        problem = traceback.format_exc(limit=6)
-    results.append({"name": name, "problem": problem})
 
 
 def _differs(label, got, want) -> str | None:

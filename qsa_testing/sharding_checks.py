@@ -760,6 +760,68 @@ def _vmap_edge_checks(implementation, results, case, qs, kvs, gates, attend):
 
 # --- layouts that must be refused -----------------------------------------
 
+def _run_case(results, name, check):
+    """Append ``check()``'s problem (None: passed) under ``name``; an exception is the problem."""
+    try:
+        problem = check()
+    except Exception:  # noqa: BLE001 - reported as the case's problem
+        problem = traceback.format_exc(limit=6)
+    results.append({"name": name, "problem": problem})
+
+
+def whole_beside_split_checks(results):
+    """Arguments whole on every device beside others that split the same role (session 31):
+    metadata and gate replicated while q's rows are split, a replicated cache (KV heads
+    repeated to divide) while q's heads are split, q alone split, and a cache repeated inside
+    the jit. Each runs eager and under jit on Auto and Explicit meshes: bit-identical to the
+    one-device call, no collective (a whole argument is cut to its shard locally); and
+    jax.grad of a loss through it equals the one-device gradient bit for bit, each cotangent in
+    its primal's sharding."""
+    case = attention_case(11)
+    kv4 = qsa_jax.repeat_kv_heads(jnp.asarray(case.kv_cache), 2)
+    base = (jnp.asarray(case.q), kv4, jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
+            jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
+    layouts = {"rows split, metadata and gate whole": (("data",), (), (), (), (), ()),
+               "heads split, cache whole": ((None, "model"), (), (), (), (), (None, "model")),
+               "rows and heads split on q only": (("data", "model"), (), (), (), (), ())}
+    want = qsa_jax.sparse_attention(*base, implementation="xla")
+    weights = jnp.asarray(np.random.default_rng(12).standard_normal(case.q.shape).astype(np.float32))
+
+    def loss(*a):
+        return jnp.sum(qsa_jax.sparse_attention(*a, implementation="xla").astype(jnp.float32) * weights)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 5)))
+    want_grads = grad(*base)
+    for explicit in (False, True):
+        mesh = make_mesh((2, 4), ("data", "model"), explicit=explicit)
+        kind = "explicit" if explicit else "auto"
+        for label, specs in layouts.items():
+            args = tuple(put(mesh, x, *sp) for x, sp in zip(base, specs))
+            jitted = jax.jit(lambda *a: qsa_jax.sparse_attention(*a, implementation="xla"))
+            _run_case(results, f"whole-beside-split/{label}/{kind}/eager",
+                      lambda: compare("", qsa_jax.sparse_attention(*args, implementation="xla"), want, jitted, args))
+            _run_case(results, f"whole-beside-split/{label}/{kind}/jit",
+                      lambda: compare("", jitted(*args), want, jitted, args))
+
+            def grads_check(args=args):
+                got = grad(*args)
+                for g, w, primal in zip(got, want_grads, (args[0], args[1], args[5])):
+                    if not np.array_equal(bits(g), bits(w)):
+                        return "gradient not bit-identical to the one-device gradient"
+                    if jax.typeof(g).sharding != jax.typeof(primal).sharding and explicit:
+                        return f"cotangent typed {jax.typeof(g).sharding}, primal {jax.typeof(primal).sharding}"
+                return None
+            _run_case(results, f"whole-beside-split/{label}/{kind}/grad", grads_check)
+
+        def repeated_inside(mesh=mesh):
+            args = (put(mesh, case.q, None, "model"), put(mesh, case.kv_cache), put(mesh, case.logical_indices),
+                    put(mesh, case.block_table), put(mesh, case.token_to_req), put(mesh, case.output_gate, None, "model"))
+            fn = jax.jit(lambda q, kv, *r: qsa_jax.sparse_attention(q, qsa_jax.repeat_kv_heads(kv, 2), *r,
+                                                                       implementation="xla"))
+            return compare("", fn(*args), want, fn, args)
+        _run_case(results, f"whole-beside-split/cache repeated inside jit/{kind}", repeated_inside)
+
+
 def bad_layout_checks(results):
     """Each unsupported layout raises, eagerly before tracing and under jit, naming the argument."""
     case = attention_case(7)
@@ -913,6 +975,7 @@ def main(argv=None) -> int:
         scaled_gradient_checks(4, "pallas", results, [x for x in attention_layouts(4) if x[0] == "rows2xheads2"])
         compress_checks(2, "pallas", results)
         store_checks(4, "pallas", results)
+    whole_beside_split_checks(results)
     bad_layout_checks(results)
     print(json.dumps(results))
     return 0

@@ -42,6 +42,8 @@ def test_every_case_passes(results):
                                 "StridedQuery/batch2", "batch-split-on-some", "gate-view-RDH/rows2",
                                 "batch-and-rows-on-one-axis")),
     "bad/heads split, gate viewed as [R, D, H]/", "bad/mixed Explicit/Auto mesh/",
+    *(f"whole-beside-split/{x}/{kind}/" for x in ("rows split, metadata and gate whole", "heads split, cache whole",
+                                                  "rows and heads split on q only") for kind in ("auto", "explicit")),
 ])
 def test_layouts_covered(results, prefix):
     assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"

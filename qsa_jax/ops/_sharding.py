@@ -75,6 +75,10 @@ class Layout:
     shardable: frozenset = frozenset()
     ties: tuple[tuple[str, str, str], ...] = ()
     why: tuple[tuple[str, str], ...] = ()
+    # Per result, the argument (index in ``args``) whose type it must keep (a cotangent's primal),
+    # or None. An Explicit-mode call cuts a whole argument to its role's split (``resolve``);
+    # such a cotangent is put back whole after the call (custom_vjp wants the primal's type).
+    out_like: tuple = ()
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -107,14 +111,18 @@ def is_batch_role(role: str) -> bool:
 def resolve(layout: Layout, shapes, shardings, mesh_shape) -> dict[str, tuple[str, ...]]:
     """Mesh axes of each split role; ``MeshLayoutError`` naming the argument that breaks the layout.
 
-    A vmap's batch dimension split on some batched arguments and whole on others takes the
-    split (the whole ones are resharded to it: a local slice, no collective)."""
+    A splittable dimension (rows, heads, KV heads, a vmap's batch) split on some arguments and
+    whole on others takes the split: the whole ones are resharded to it, a local slice with no
+    collective (session 31; before, only a vmap's batch did). A tie (query heads and KV heads)
+    split on one side only carries its split to the other side the same way."""
     op, found, first = layout.op, {}, {}
+    whole: dict[str, list] = {}  # role -> (where, dim, size) of the arguments that hold it whole
     why = dict(layout.why)
     for (name, roles), shape, sharding in zip(layout.args, shapes, shardings):
         where = f"{name} (shape {tuple(shape)}, {_spec_text(sharding)})"
         for dim, (role, axes) in enumerate(zip(roles, _dims(sharding, len(shape), where, op))):
-            if is_batch_role(role) and not axes:
+            if not axes and role in layout.shardable:
+                whole.setdefault(role, []).append((where, dim, shape[dim]))
                 continue
             if axes and role not in layout.shardable:
                 reason = why.get(name) or why.get(role) or "this operator cannot split it without collectives"
@@ -135,10 +143,26 @@ def resolve(layout: Layout, shapes, shardings, mesh_shape) -> dict[str, tuple[st
             found.setdefault(role, axes)
             first.setdefault(role, where)
     for a, b, reason in layout.ties:
+        if a in found and b not in found and b in whole:  # e.g. a replicated cache, heads split
+            found[b], first[b] = found[a], first[a]
+        elif b in found and a not in found and a in whole:
+            found[a], first[a] = found[b], first[b]
         if found.get(a, ()) != found.get(b, ()):
             raise MeshLayoutError(
                 f"{op}: {a} are split over mesh axes {found.get(a, ())} ({first.get(a)}) but {b} over "
                 f"{found.get(b, ())} ({first.get(b)}): {reason}")
+    # The whole arguments of a split role are cut to it: each must divide into the shards.
+    for role, holders in whole.items():
+        axes = found.get(role)
+        if not axes:
+            continue
+        n = math.prod(mesh_shape[a] for a in axes)
+        for where, dim, size in holders:
+            if size % n:
+                raise MeshLayoutError(
+                    f"{op}: {where} holds its {role} whole (dimension {dim}, size {size}) while {first[role]} "
+                    f"splits them over mesh axes {axes}, into {n} shards that {size} does not divide into"
+                    + (f"; {why[role]}" if role in why else ""))
     # One array cannot split two of its dimensions over one mesh axis (a vmap's batch over the
     # axis that splits, e.g., another argument's rows: every result carries both).
     for name, roles in tuple(layout.args) + tuple(("the result", r) for r in layout.out):
@@ -242,10 +266,30 @@ def _explicit_call(mesh, layout, local, static, *arrays):
     def spec(roles):
         return PartitionSpec(*(axes.get(r) for r in roles))
 
-    in_specs = jax.tree.unflatten(jax.tree.structure(arrays), [spec(r) for _, r in layout.args])
+    # An argument whole where its role is split (resolve) is cut to the split first: a local
+    # slice, which shard_map's in_specs then match.
+    specs = [spec(r) for _, r in layout.args]
+    given = leaves
+    leaves = [x if _dims(jax.typeof(x).sharding, x.ndim, "", layout.op) == _dims(
+        NamedSharding(mesh, sp), x.ndim, "", layout.op) else jax.sharding.reshard(x, NamedSharding(mesh, sp))
+        for x, sp in zip(leaves, specs)]
+    arrays = jax.tree.unflatten(jax.tree.structure(arrays), leaves)
+    in_specs = jax.tree.unflatten(jax.tree.structure(arrays), specs)
     outs = tuple(spec(roles) for roles in layout.out)
     result = jax.shard_map(functools.partial(local, static, axes), mesh=mesh, in_specs=in_specs,
                            out_specs=outs if len(outs) > 1 else outs[0], check_vma=False)(*arrays)
+    if layout.out_like:
+        single = len(outs) == 1
+        results = [result] if single else list(result)
+        for i, j in enumerate(layout.out_like):
+            if j is None or i >= len(results):
+                continue
+            want = jax.typeof(given[j]).sharding
+            if getattr(want.mesh, "empty", True):  # a primal on no mesh: its cotangent's type is free
+                continue
+            if results[i].shape == given[j].shape and jax.typeof(results[i]).sharding != want:
+                results[i] = jax.sharding.reshard(results[i], want)
+        result = results[0] if single else tuple(results)
     # Inside a caller's shard_map (check_vma=True) over some axes of this Explicit mesh, the
     # results vary over the caller's axes as the arguments do (_vma).
     return _vma.like(result, arrays)
@@ -392,10 +436,13 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "
         raise ValueError(f"attention_layout: step {step!r} is not one of {STEPS}")
     if scaled:
         args += (("scales", (SCALE_PAIR,)),)
+    names = [name for name, _ in args]
+    out_like = ((0,) + tuple(range(1, 1 + len(kv))) + (names.index("output_gate"),)
+                + ((names.index("scales"),) if scaled else ())) if step == "backward" else ()
     return Layout(
         "sparse_attention", args, out,
         frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS} if gate_like_q else {ROWS}),
-        ties=((HEADS, KV_HEADS, _KV_WHY),),
+        ties=((HEADS, KV_HEADS, _KV_WHY),), out_like=out_like,
         why=(("q", _STRIDED_WHY),) * strided_q
         + (("pages", "the block table names pages of the whole cache, so every device needs every "
                        "page a row may read (independent per-device caches: call the operator inside "
