@@ -771,19 +771,19 @@ def _run_case(results, name, check):
 
 def whole_beside_split_checks(results):
     """Arguments whole on every device beside others that split the same role (session 31):
-    metadata and gate replicated while q's rows are split, a replicated cache (KV heads
-    repeated to divide) while q's heads are split, q alone split, and a cache repeated inside
-    the jit. Each runs eager and under jit on Auto and Explicit meshes: bit-identical to the
-    one-device call, no collective (a whole argument is cut to its shard locally); and
-    jax.grad of a loss through it equals the one-device gradient bit for bit, each cotangent in
-    its primal's sharding."""
+    metadata and gate replicated while q's rows are split, the gate whole while q's heads and
+    the cache's KV heads are split, metadata and gate whole beside rows and heads split. Each runs eager and under jit on Auto and Explicit
+    meshes: bit-identical to the one-device call, no collective (a whole argument is cut to its
+    shard locally); and jax.grad of a loss through it equals the one-device gradient bit for
+    bit, each cotangent in its primal's sharding. A whole cache beside split heads stays
+    refused (bad_layout_checks): cutting it would copy a slice of the cache every call."""
     case = attention_case(11)
     kv4 = qsa_jax.repeat_kv_heads(jnp.asarray(case.kv_cache), 2)
     base = (jnp.asarray(case.q), kv4, jnp.asarray(case.logical_indices), jnp.asarray(case.block_table),
             jnp.asarray(case.token_to_req), jnp.asarray(case.output_gate))
     layouts = {"rows split, metadata and gate whole": (("data",), (), (), (), (), ()),
-               "heads split, cache whole": ((None, "model"), (), (), (), (), (None, "model")),
-               "rows and heads split on q only": (("data", "model"), (), (), (), (), ())}
+               "heads split, gate whole": ((None, "model"), (None, "model"), (), (), (), ()),
+               "rows and heads split, metadata and gate whole": (("data", "model"), (None, "model"), (), (), (), ())}
     want = qsa_jax.sparse_attention(*base, implementation="xla")
     weights = jnp.asarray(np.random.default_rng(12).standard_normal(case.q.shape).astype(np.float32))
 
@@ -813,13 +813,6 @@ def whole_beside_split_checks(results):
                 return None
             _run_case(results, f"whole-beside-split/{label}/{kind}/grad", grads_check)
 
-        def repeated_inside(mesh=mesh):
-            args = (put(mesh, case.q, None, "model"), put(mesh, case.kv_cache), put(mesh, case.logical_indices),
-                    put(mesh, case.block_table), put(mesh, case.token_to_req), put(mesh, case.output_gate, None, "model"))
-            fn = jax.jit(lambda q, kv, *r: qsa_jax.sparse_attention(q, qsa_jax.repeat_kv_heads(kv, 2), *r,
-                                                                       implementation="xla"))
-            return compare("", fn(*args), want, fn, args)
-        _run_case(results, f"whole-beside-split/cache repeated inside jit/{kind}", repeated_inside)
 
 
 def bad_layout_checks(results):
@@ -879,6 +872,8 @@ def bad_layout_checks(results):
     # the types; the operator must refuse rather than gather the cache (session 31).
     mixed = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"),
                               axis_types=(AxisType.Explicit, AxisType.Auto))
+    cases["heads split, cache whole (KV heads dividing)"] = (
+        qsa_jax.sparse_attention, attention(q=(None, "model"), gate=(None, "model"), kv_array=kv4), "kv_cache")
     cases["mixed Explicit/Auto mesh"] = (
         qsa_jax.sparse_attention, (put(mixed, case.q, "data", "model"), put(mixed, kv4, None, "model"),
                                    put(mixed, case.logical_indices, "data"), put(mixed, case.block_table),

@@ -179,6 +179,8 @@ def install(module_name: str = ORIGINAL_MODULE, vllm_version: str | None = None)
     ``from a.b import qsa`` and ``a.b.qsa.f`` after ``import a.b.qsa`` read the attribute, and
     without it they fail or, once the original was imported, still give the original. Warns
     when the original had been imported already: what bound its functions before keeps them.
+    If the parent package raises on import (other than ImportError), nothing is changed and the
+    error propagates.
     """
     import importlib
     import sys
@@ -194,6 +196,12 @@ def install(module_name: str = ORIGINAL_MODULE, vllm_version: str | None = None)
             parent = importlib.import_module(parent_name)
         except ImportError:
             parent = None  # no such package here (no vLLM): sys.modules is all there is
+        except BaseException:  # the package itself fails to import: leave nothing half done
+            if previous is None:
+                sys.modules.pop(module_name, None)
+            else:
+                sys.modules[module_name] = previous
+            raise
         if parent is not None:
             setattr(parent, leaf, surface)
     if previous is not None and previous is not surface and not getattr(previous, "__name__", "").startswith(

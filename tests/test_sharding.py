@@ -42,8 +42,9 @@ def test_every_case_passes(results):
                                 "StridedQuery/batch2", "batch-split-on-some", "gate-view-RDH/rows2",
                                 "batch-and-rows-on-one-axis")),
     "bad/heads split, gate viewed as [R, D, H]/", "bad/mixed Explicit/Auto mesh/",
-    *(f"whole-beside-split/{x}/{kind}/" for x in ("rows split, metadata and gate whole", "heads split, cache whole",
-                                                  "rows and heads split on q only") for kind in ("auto", "explicit")),
+    *(f"whole-beside-split/{x}/{kind}/" for x in ("rows split, metadata and gate whole", "heads split, gate whole",
+                                                  "rows and heads split, metadata and gate whole") for kind in ("auto", "explicit")),
+    "bad/heads split, cache whole (KV heads dividing)/",
 ])
 def test_layouts_covered(results, prefix):
     assert any(r["name"].startswith(prefix) for r in results), f"no case ran for {prefix}"

@@ -683,6 +683,26 @@ def test_install_serves_every_import_form(tmp_path, monkeypatch, original_import
             sys.modules.pop(mod)
 
 
+def test_install_leaves_nothing_when_the_package_fails_to_import(tmp_path, monkeypatch):
+    """A parent package that raises on import (not ImportError): the error propagates and
+    sys.modules is as before."""
+    import sys
+
+    pkg = tmp_path / "qsa_fake_broken_pkg"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops" / "__init__.py").write_text("raise RuntimeError('no CUDA device found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = "qsa_fake_broken_pkg.ops.qsa"
+    try:
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            S.install(name, vllm_version="0.34.0")
+        assert name not in sys.modules
+    finally:
+        for mod in [m for m in sys.modules if m.startswith("qsa_fake_broken_pkg")]:
+            sys.modules.pop(mod)
+
+
 def test_torch_compile_traces_through_custom_ops():
     case = next(c for c, _ in SPARSE if c.name == "tp1_r16_s16")
     _, a, gate = _sparse_args(case)

@@ -75,6 +75,9 @@ class Layout:
     shardable: frozenset = frozenset()
     ties: tuple[tuple[str, str, str], ...] = ()
     why: tuple[tuple[str, str], ...] = ()
+    # Roles a whole argument must not be cut to (``resolve``): the cache's KV heads, whose slice
+    # a kernel's custom call would copy out of the whole cache on every call.
+    no_adopt: frozenset = frozenset()
     # Per result, the argument (index in ``args``) whose type it must keep (a cotangent's primal),
     # or None. An Explicit-mode call cuts a whole argument to its role's split (``resolve``);
     # such a cotangent is put back whole after the call (custom_vjp wants the primal's type).
@@ -113,15 +116,18 @@ def resolve(layout: Layout, shapes, shardings, mesh_shape) -> dict[str, tuple[st
 
     A splittable dimension (rows, heads, KV heads, a vmap's batch) split on some arguments and
     whole on others takes the split: the whole ones are resharded to it, a local slice with no
-    collective (session 31; before, only a vmap's batch did). A tie (query heads and KV heads)
-    split on one side only carries its split to the other side the same way."""
+    collective (session 31; before, only a vmap's batch did). Only from another argument of the
+    same role: a tie (query heads, KV heads) split on one side only still raises (q's heads whole
+    beside a split cache would give a result split where XLA expects it whole, and gather it),
+    and never into a role of ``layout.no_adopt`` (the cache's KV heads): cutting a whole cache
+    would copy a slice of it on every call."""
     op, found, first = layout.op, {}, {}
     whole: dict[str, list] = {}  # role -> (where, dim, size) of the arguments that hold it whole
     why = dict(layout.why)
     for (name, roles), shape, sharding in zip(layout.args, shapes, shardings):
         where = f"{name} (shape {tuple(shape)}, {_spec_text(sharding)})"
         for dim, (role, axes) in enumerate(zip(roles, _dims(sharding, len(shape), where, op))):
-            if not axes and role in layout.shardable:
+            if not axes and role in layout.shardable and role not in layout.no_adopt:
                 whole.setdefault(role, []).append((where, dim, shape[dim]))
                 continue
             if axes and role not in layout.shardable:
@@ -143,10 +149,6 @@ def resolve(layout: Layout, shapes, shardings, mesh_shape) -> dict[str, tuple[st
             found.setdefault(role, axes)
             first.setdefault(role, where)
     for a, b, reason in layout.ties:
-        if a in found and b not in found and b in whole:  # e.g. a replicated cache, heads split
-            found[b], first[b] = found[a], first[a]
-        elif b in found and a not in found and a in whole:
-            found[a], first[a] = found[b], first[b]
         if found.get(a, ()) != found.get(b, ()):
             raise MeshLayoutError(
                 f"{op}: {a} are split over mesh axes {found.get(a, ())} ({first.get(a)}) but {b} over "
@@ -442,7 +444,7 @@ def attention_layout(fused: bool, gate_ndim: int, strided_q: bool, step: str = "
     return Layout(
         "sparse_attention", args, out,
         frozenset() if strided_q else frozenset({ROWS, HEADS, KV_HEADS} if gate_like_q else {ROWS}),
-        ties=((HEADS, KV_HEADS, _KV_WHY),), out_like=out_like,
+        ties=((HEADS, KV_HEADS, _KV_WHY),), out_like=out_like, no_adopt=frozenset({KV_HEADS}),
         why=(("q", _STRIDED_WHY),) * strided_q
         + (("pages", "the block table names pages of the whole cache, so every device needs every "
                        "page a row may read (independent per-device caches: call the operator inside "
