@@ -114,7 +114,8 @@ def scale_arrays(scales: tuple[float, float], like, head_dim: int) -> qsa_jax.KV
 # The tiling table the shim's sparse attention uses (``qsa_torch_shim.set_tiling_table``):
 # None = qsa_jax's default (a measured table for the card where one exists, else vLLM
 # 0.34.0's; the triton-torch route runs bf16 on 0.30.0's, ``_direct.effective_table``), or
-# "vllm-0.30" / "vllm-0.34" to reproduce that version's tiling (and so its rounding) on any GPU. A one-element list so the eager path reads it on every call.
+# "vllm-0.30" / "vllm-0.34" to reproduce that version's tiling (and so its rounding) on any
+# GPU. A one-element list so the eager path reads it on every call.
 TILING_TABLE: list = [None]
 
 

@@ -147,16 +147,9 @@ def test_compress_with_a_rope_cache_pools_once(monkeypatch):
     kw = {k: v for k, v in seen["kw"].items() if k != "ffi_fence"}
     assert kw["rope_mode"] == "packed" and kw["implementation"] == "pallas", kw
     def kernels(jaxpr) -> int:  # pallas_call equations, counted at every call site
-        n = 0
-        for eqn in jaxpr.eqns:
-            n += eqn.primitive.name == "pallas_call"
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (list, tuple)) else (value,):
-                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                        n += kernels(sub.jaxpr)
-                    elif isinstance(sub, jax.extend.core.Jaxpr):
-                        n += kernels(sub)
-        return n
+        return sum((eqn.primitive.name == "pallas_call")
+                   + sum(kernels(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
+                   for eqn in jaxpr.eqns)
 
     closed = jax.make_jaxpr(lambda *a: J._compress(*a, **kw))(*seen["args"][1:])
     assert kernels(closed.jaxpr) == 1, kernels(closed.jaxpr)

@@ -78,8 +78,8 @@ class Layout:
     # Roles a whole argument must not be cut to (``resolve``): the cache's KV heads, whose slice
     # a kernel's custom call would copy out of the whole cache on every call.
     no_adopt: frozenset = frozenset()
-    # Per result, the argument (index in ``args``) whose type it must keep (a cotangent's primal),
-    # or None. An Explicit-mode call cuts a whole argument to its role's split (``resolve``);
+    # Per result, the argument (index in ``args``) whose type it must keep (a cotangent's primal);
+    # empty where none must. An Explicit-mode call cuts a whole argument to its role's split (``resolve``);
     # such a cotangent is put back whole after the call (custom_vjp wants the primal's type).
     out_like: tuple = ()
 
@@ -284,8 +284,6 @@ def _explicit_call(mesh, layout, local, static, *arrays):
         single = len(outs) == 1
         results = [result] if single else list(result)
         for i, j in enumerate(layout.out_like):
-            if j is None or i >= len(results):
-                continue
             want = jax.typeof(given[j]).sharding
             if getattr(want.mesh, "empty", True):  # a primal on no mesh: its cotangent's type is free
                 continue
