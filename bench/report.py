@@ -106,6 +106,11 @@ def markdown(run: RunResult) -> str:
         f"- measured device-copy bandwidth: **{cb['gbps']:,.0f} GB/s** ({cb['method']}; bytes read + written)",
         f"- N = {s['n_calls']} calls per timed unit, each with a fresh input set; eager median over "
         f"{s['eager_calls']} calls",
+        *(["- L2: **cold** (`--cold-l2`): sparse attention's sets each have their own requests, "
+           "and a timed unit cycles through enough of them to read at least 4x the card's L2 "
+           "where 256 sets suffice (`bench.measure_sparse.sets_per_unit`), so a set is no longer "
+           "in L2 when its turn comes round again"]
+          if s.get("cold_l2") else []),
         "",
         "Method: " + "; ".join(f"**{k}**: {x}" for k, x in run.method.items()),
         "",

@@ -946,8 +946,18 @@ def triton_fp8_gluon_values_shared() -> bool:
 # chunk on 2 warps (``MERGE_ONE_WARP_MAX_VALUES``). Off Hopper the Pallas merge keeps the layout
 # it had before (``PALLAS_MERGE_LAYOUTS_UNTIMED``); the jax-triton merge takes its layouts on the
 # measured table only, which applies on the card it was measured on.
-TRITON_MERGE_LAYOUTS = ((24, 32, 1), (192, 64, 1))
-PALLAS_MERGE_LAYOUTS = ((96, 32, 1), (256, 64, 1))
+#
+# Session 32 (H200, bench/results/nvidia-h200_2026-12-06/session32/call_d/, the same sweep) timed
+# the gaps: jax-triton fp8 at 240 / 288 pairs, 64-wide on 1 warp against the then default (D
+# whole on 2): TP1 20.78 / 22.34 against 21.16 / 22.86 µs, TP4 32.76 / 34.16 against 32.75 /
+# 34.09 (level), so 64-wide on 1 warp to 288 pairs (384 was level or slower in session 30).
+# Pallas bf16 at 288-384 pairs, 128-wide on 1 warp against D whole on 2: TP1 16 rows 28.97
+# against 29.35, TP4 48 / 64 rows 35.76 / 41.95 against 36.06 / 42.32 (the merge kernel 2.8
+# against 3.2 µs at TP1), so a 128-wide row to 384 pairs; at 96-256 pairs the rows above held
+# within 0.2 µs of the best but at TP4 16 rows (128-wide 0.4 µs ahead of 32-wide; TP1's 96
+# pairs had them level) and were kept.
+TRITON_MERGE_LAYOUTS = ((24, 32, 1), (288, 64, 1))
+PALLAS_MERGE_LAYOUTS = ((96, 32, 1), (256, 64, 1), (384, 128, 1))
 PALLAS_MERGE_LAYOUTS_UNTIMED = ((256, 64, 2),)
 MERGE_WHOLE_D_WARPS = 2
 MERGE_ONE_WARP_MAX_VALUES = 128

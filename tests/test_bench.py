@@ -530,6 +530,21 @@ def test_report_names_the_default_tiling_tables():
     assert "- default tiling tables (`config.default_table_names`): bf16 sm90-bf16, fp8 sm90-fp8" in md
 
 
+def test_report_says_when_the_l2_was_cold():
+    """A --cold-l2 run says so in its header (its busy times are not comparable with a warm
+    run's at 1-4 rows: H200, session 32 call d, up to +16%); a warm run's header has no such line."""
+    from bench import report
+    from bench.records import load
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    cold = load(repo / "bench/results/nvidia-h200_2026-12-06/session32/call_d/standing_cold/results.json")
+    assert cold.settings["cold_l2"] is True
+    assert "- L2: **cold** (`--cold-l2`)" in report.markdown(cold)
+    warm = load(repo / "bench/results/nvidia-h200_2026-12-06/session32/call_c/nvidia-h200_2026-12-06_decode/results.json")
+    assert warm.settings["cold_l2"] is False
+    assert "L2: **cold**" not in report.markdown(warm)
+
+
 def test_records_round_trip_and_flags(tmp_path):
     """A record of every part survives to_json -> JSON text -> from_json; unset fields are
     left out of the JSON; ``failed`` is an error or a failed check."""

@@ -786,8 +786,9 @@ POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}
 # tests/test_config.py checks it; 1 / 16 / 256 / 2048 had missed 4 of its 9): 2 rows are TP1's 4
 # programs (8 warps), 64 rows TP2/TP4's 64 programs and TP1's 128, 264 rows TP1's 528 (2 splits,
 # the last band before one split). 32 rows adds TP2/TP4 at the 25-32-program one-warp entry
-# (session 26), which TP1 reaches at 16 rows.
-GPU_ROWS = (1, 2, 16, 32, 64, 264, 2048)
+# (session 26), which TP1 reaches at 16 rows. 12 rows are TP1's 288 (row, head) pairs, the last
+# that jax-triton's merge runs 64 columns on 1 warp (config.TRITON_MERGE_LAYOUTS, session 32).
+GPU_ROWS = (1, 2, 12, 16, 32, 64, 264, 2048)
 SAMPLED_ROWS = 24  # rows per case compared with exact attention (float64 on the host)
 
 

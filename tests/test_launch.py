@@ -124,13 +124,14 @@ def _problem(rows, kv_dtype, launch=None, config=None, prefill=False):
 
 # rows (x 24 query heads = pairs) -> the (D chunk, warps) of the Pallas and the jax-triton merge.
 @pytest.mark.parametrize("rows, pallas, triton", [(1, (32, 1), (32, 1)), (4, (32, 1), (64, 1)),
-                                                  (8, (64, 1), (64, 1)), (16, (256, 2), (256, 2)),
+                                                  (8, (64, 1), (64, 1)), (12, (128, 1), (64, 1)),
+                                                  (16, (128, 1), (256, 2)), (17, (256, 2), (256, 2)),
                                                   (512, (256, 2), (256, 2))])
 def test_merge_layout_rule(rows, pallas, triton, monkeypatch):
     """On the library's measured table each merge takes its layout by (row, head) pairs from
-    its own measured rows (config.PALLAS_MERGE_LAYOUTS, TRITON_MERGE_LAYOUTS; H100, session 30:
-    1 warp with 32- or 64-wide D chunks fastest at small batches, jax-triton to 192 pairs and
-    Pallas to 256; D whole on 2 warps from a few hundred pairs, where chunks only add programs:
+    its own measured rows (config.PALLAS_MERGE_LAYOUTS, TRITON_MERGE_LAYOUTS; H100, session 30,
+    and H200, session 32: 1 warp with 32- to 128-wide D chunks fastest at small batches,
+    jax-triton to 288 pairs and Pallas to 384; D whole on 2 warps above, where chunks only add programs:
     2.0-2.4x slower for jax-triton's fixed 64-wide chunks from 256 programs, H200, session 8).
     On any other tiling -- vLLM's tables, an explicit config -- the jax-triton merge launches as
     the originals do: the tiling as given (no Hopper split tweak, which put TP2 16 rows 3.4e-4
@@ -158,10 +159,13 @@ def test_merge_layout_edges_and_guards(monkeypatch):
     from qsa_jax import config
 
     T, P = config.TRITON_MERGE_LAYOUTS, config.PALLAS_MERGE_LAYOUTS
-    assert T == ((24, 32, 1), (192, 64, 1)) and P == ((96, 32, 1), (256, 64, 1))
+    assert T == ((24, 32, 1), (288, 64, 1)) and P == ((96, 32, 1), (256, 64, 1), (384, 128, 1))
     layout = config.merge_layout
-    assert [layout(n, 256, 33, T) for n in (24, 25, 192, 193)] == [(32, 1), (64, 1), (64, 1), (256, 2)]
-    assert [layout(n, 256, 33, P) for n in (96, 97, 256, 257)] == [(32, 1), (64, 1), (64, 1), (256, 2)]
+    assert [layout(n, 256, 33, T) for n in (24, 25, 288, 289)] == [(32, 1), (64, 1), (64, 1), (256, 2)]
+    assert [layout(n, 256, 17, P) for n in (96, 97, 256, 257, 384, 385)] == [
+        (32, 1), (64, 1), (64, 1), (128, 1), (128, 1), (256, 2)]
+    # 128 columns on 1 warp up to 32 splits (32 x 128 / 32 = 128 values); 33 splits run on 2.
+    assert layout(300, 256, 32, P) == (128, 1) and layout(300, 256, 33, P) == (128, 2)
     # D = 32: the 32-wide row fits, the 64-wide one does not (D whole on 2 warps); D = 16: whole.
     assert layout(24, 32, 33, T) == (32, 1) and layout(48, 32, 33, T) == (32, 2)
     assert layout(24, 16, 33, T) == (16, 2)
