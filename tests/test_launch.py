@@ -346,3 +346,33 @@ def test_pallas_keeps_its_own_warps_at_jax_triton_entries(monkeypatch):
         assert config.triton_launch(p).num_warps == 1, rows
     assert config.pallas_launch(_problem(32, jnp.bfloat16)).num_warps == config.table_tiling(
         64, False, is_fp8=False, capability=(9, 0)).warps
+
+
+def test_memcheck_shapes_reach_every_merge_layout(monkeypatch):
+    """tools/memcheck.py's sparse shapes, on a Hopper's measured table without the prefill flag,
+    launch every 1-warp row of ``config.PALLAS_MERGE_LAYOUTS`` and ``TRITON_MERGE_LAYOUTS`` (a
+    layout added without a memcheck shape that runs it fails here). (D whole on 2 warps, the
+    merge above the tables' rows, is no longer reached there: shapes 2 and 3 run one split on
+    today's table; it was memchecked while it was the merge of shapes 0-1, up to session 29.)"""
+    import jax
+    import jax.numpy as jnp
+
+    import memcheck  # tools/
+    from qsa_jax import config
+    from qsa_jax.ops.sparse_attention.base import check_sparse_attention_args
+
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    s = jax.ShapeDtypeStruct
+    seen = {"pallas": set(), "triton": set()}
+    for rows, heads, kv_heads, width in memcheck.SPARSE_SHAPES:
+        q = s((rows, heads, 256), jnp.bfloat16)
+        p = check_sparse_attention_args(
+            q, s((5, kv_heads, 16, 512), jnp.bfloat16), s((rows, width + 1), jnp.int32),
+            s((3, 4), jnp.int32), s((rows,), jnp.int32), q, use_prefill_config=False, config=None)
+        if p.config.num_splits == 1:
+            continue  # no merge kernel
+        for impl, launch in (("pallas", config.pallas_launch(p)), ("triton", config.triton_launch(p))):
+            seen[impl].add((launch.merge_block_d, launch.merge_warps))
+    for impl, layouts in (("pallas", config.PALLAS_MERGE_LAYOUTS), ("triton", config.TRITON_MERGE_LAYOUTS)):
+        want = {(d, w) for _, d, w in layouts}
+        assert want <= seen[impl], (impl, want - seen[impl])

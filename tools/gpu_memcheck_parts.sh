@@ -20,7 +20,7 @@ if [ -z "${NO_PLANT:-}" ]; then
   line "$log" $? "planted-control"
 fi
 for impl in ${IMPLS:-pallas triton}; do
-  parts="sparse0 sparse1 sparse2 sparse3 indexer"
+  parts="sparse0 sparse1 sparse2 sparse3 sparse4 indexer"
   [ "$impl" = pallas ] && parts="$parts fp8 fused backward backward_fp8"  # extra parts (memcheck.py EXTRA_PART_IMPLS)
   [ "$impl" = triton ] && parts="$parts fp8 fp8_gluon"
   for part in ${PARTS:-$parts}; do

@@ -55,8 +55,11 @@ def adversarial_sparse_case(rng, rows, heads, kv_heads, d, page, width):
         token_to_req=req, output_gate=C.bf16_random(rng, (rows, heads, d))))
 
 
-# (rows, query heads, KV heads, W): split (64, 16) and one-split configs, both flags.
-SPARSE_SHAPES = ((1, 24, 2, 2051), (16, 12, 1, 2051), (300, 6, 1, 259), (1100, 24, 2, 67))
+# (rows, query heads, KV heads, W): split (64, 16) and one-split configs, both flags. Shape 4
+# (session 32): 384 (row, head) pairs, where the Pallas merge runs 128-wide D chunks on 1 warp
+# (config.PALLAS_MERGE_LAYOUTS; shapes 0 and 1 hold its 32- and 64-wide rows).
+SPARSE_SHAPES = ((1, 24, 2, 2051), (16, 12, 1, 2051), (300, 6, 1, 259), (1100, 24, 2, 67),
+                 (32, 12, 1, 2051))
 
 
 def _agrees(out, ref) -> bool:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in session 32 on an H200 as call b: bench/results/nvidia-h200_2026-12-06/session32/call_b/ (its README: outcome).
 # For the next lent H200 (issue 13's card; last lent in session 17), asked for as kind nvidia-h200;
 # carry .whl .cache/originals; <= 420 s (H100: <= 330 s). Runs the H200 branch of session 29's call a (which got an
 # H100): the grid at 1024 / 2048 / 4096 rows (fp8 over bf16 throughput, copy bandwidth; 0.30.0 /

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in session 32 on an H200 as call a: bench/results/nvidia-h200_2026-12-06/session32/call_a/ (its README: outcome).
 # For the next lent GPU, any card (carry .whl .cache/originals; <= 570 s; then gpu_next_k.sh): GPU proof of session
 # 30's merge layouts (config.TRITON_MERGE_LAYOUTS, PALLAS_MERGE_LAYOUTS: 1 warp with 32- or
 # 64-wide D chunks at small batches), which session 30's call e timed and held to the fidelity

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in session 32 on an H200 as call c: bench/results/nvidia-h200_2026-12-06/session32/call_c/ (its README: outcome).
 # For the next lent GPU, any card, after gpu_next_j.sh (carry .whl .cache/originals; <= 560 s):
 #   1. compute-sanitizer memcheck of session 30's merge layouts, pallas and triton, sparse parts 0
 #      (1 row x 24 heads: 32-wide chunks on 1 warp) and 1 (16 rows x 12 heads = 192 pairs: 64-wide

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in session 32 on an H200 as call d: bench/results/nvidia-h200_2026-12-06/session32/call_d/ (its README: outcome).
 # For a lent GPU after gpu_next_j.sh and gpu_next_k.sh (carry .whl .cache/originals; <= 560 s): the
 # merge layouts where session 30's call e left gaps, `bench.decode_sweep --variants merge` (1 / 2 /
 # 4 warps, 32-256-wide D; every differing output held to fidelity against the default):
