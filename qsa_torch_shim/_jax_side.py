@@ -16,43 +16,9 @@ import jax.numpy as jnp
 from jax import lax
 
 import qsa_jax
+from qsa_jax.ops._arrays import int32_from_int64_words
+from qsa_jax.ops.compress_groups.int64_words import compress_groups_with_ratio_int64_words
 from qsa_torch_shim import _ffi_fence, _private_api
-
-INT32_MIN = -(2**31)
-INT32_MAX = 2**31 - 1
-
-
-# --- int64 words -> int32, with explicit range rules ------------------------------------
-
-def _split_words(w):
-    """int32 words [..., 2n] of int64 values -> (lo, hi) [..., n] (little-endian)."""
-    w = w.reshape(w.shape[:-1] + (w.shape[-1] // 2, 2))
-    return w[..., 0], w[..., 1]
-
-
-def _fits(lo, hi):
-    return hi == (lo >> 31)  # arithmetic shift: the int64 equals sign-extended lo
-
-
-def saturate(words):
-    """int64 (as words) -> int32, out-of-range values clamped to INT32_MIN/MAX.
-
-    Exact for every value in int32 range. Used for request ids, row offsets,
-    block ids and slots: the operators only compare those against ranges that
-    lie inside int32, and a clamped value falls outside those ranges exactly
-    when the original value does.
-    """
-    lo, hi = _split_words(words)
-    return jnp.where(_fits(lo, hi), lo, jnp.where(hi < 0, INT32_MIN, INT32_MAX))
-
-
-def as_int32(x, is_words: bool):
-    return saturate(x).reshape(x.shape[:-1] + (-1,)) if is_words else x
-
-
-def _sign_extend(v):
-    """int32 values -> int64 words [..., 2]."""
-    return jnp.stack([v, v >> 31], axis=-1)
 
 
 # --- torch -> XLA stream order --------------------------------------------------------------
@@ -167,16 +133,6 @@ def sparse_into(out, q, kv_arrays, logical_indices, block_table, token_to_req, o
 
 # --- store ------------------------------------------------------------------------------------
 
-def _slots(slot_mapping, slots_are_words: bool):
-    if not slots_are_words:
-        return slot_mapping
-    # A slot is valid iff 0 <= s < pages * P < 2**31: exactly the int64 values
-    # whose high word is 0 and low word is non-negative. Everything else is
-    # skipped, so it maps to -1.
-    lo, hi = _split_words(slot_mapping)
-    return jnp.where((hi == 0) & (lo >= 0), lo, -1)
-
-
 @functools.partial(jax.jit, static_argnames=("slots_are_words", "implementation", "ffi_fence",
                                              "ffi_signal"), donate_argnums=(0,))
 def store_into(cache, slot_mapping, rows, *, slots_are_words, implementation, ffi_fence=False,
@@ -186,7 +142,8 @@ def store_into(cache, slot_mapping, rows, *, slots_are_words, implementation, ff
     might make must also wait."""
     (cache, slot_mapping, rows), token = after_torch(ffi_fence, (cache, slot_mapping, rows))
     return signal_torch(ffi_signal, qsa_jax.store_cache_rows(
-        cache, _slots(slot_mapping, slots_are_words), rows, implementation=implementation)), token
+        cache, int32_from_int64_words(slot_mapping) if slots_are_words else slot_mapping, rows,
+        implementation=implementation)), token
 
 
 # --- compress ------------------------------------------------------------------------------------
@@ -212,35 +169,6 @@ def _ring_views(ring, ring_layout):
     return keys, words
 
 
-def _exact_end_positions(e, is_words: bool, ring_size: int, ratio: int):
-    """int32 stand-in e' for the int64 end positions e, and the exact e - C + 1 words.
-
-    The operator uses e only through e >= C-1 (validity), e mod S (ring slot)
-    and differences that cancel e; its only e-valued output is e - C + 1
-    (first positions without a rope cache). For e outside int32 the stand-in
-    keeps validity and e mod S; the exact first position is rebuilt from the
-    words afterwards.
-    """
-    if not is_words:
-        return e, None
-    lo, hi = _split_words(e)
-    fits = _fits(lo, hi)
-    # Large positive: 2**30 + ((e - 2**30) mod S), computed from the words.
-    two32_mod = (2**32) % ring_size
-    ulo = lax.bitcast_convert_type(lo, jnp.uint32)
-    e_mod = ((hi.astype(jnp.uint32) % ring_size) * two32_mod + ulo % ring_size) % ring_size
-    base = 2**30
-    shift = (e_mod.astype(jnp.int32) - base % ring_size) % ring_size
-    big = base + shift
-    stand_in = jnp.where(fits, lo, jnp.where(hi < 0, INT32_MIN + ratio, big))
-    # e - (C - 1) in words: subtract with borrow.
-    c1 = ratio - 1
-    new_ulo = ulo - jnp.uint32(c1)
-    borrow = (ulo < jnp.uint32(c1)).astype(jnp.int32)
-    first_words = jnp.stack([lax.bitcast_convert_type(new_ulo, jnp.int32), hi - borrow], -1)
-    return stand_in, (fits, first_words)
-
-
 @functools.partial(jax.jit, static_argnames=(
     "ring_layout", "rope_mode", "words", "compress_ratio", "implementation", "ffi_fence"),
     keep_unused=True)
@@ -262,41 +190,11 @@ def _compress(raw_keys, raw_positions, ring, rope, block_table, token_to_req, qu
     the int32 words [Bs,S,1,6] of the rope ring, or None. ``rope_mode``:
     "none", "separate" (``rope`` given) or "packed" (in ``ring``).
     ``words`` flags which of block_table, token_to_req, query_start_loc,
-    logical_positions, compressed_slots arrive as int64 words.
+    logical_positions, compressed_slots arrive as int64 words. The int64 rules are
+    qsa_jax's (``compress_groups.int64_words``); here only the ring's views.
     """
     keys, packed_rope = _ring_views(ring, ring_layout)
-    if rope_mode == "packed":
-        rope = packed_rope
-    bt_w, ttr_w, qsl_w, lp_w, cs_w = words
-    block_table = as_int32(block_table, bt_w)
-    token_to_req = as_int32(token_to_req, ttr_w)
-    query_start_loc = as_int32(query_start_loc, qsl_w)
-    compressed_slots = as_int32(compressed_slots, cs_w)
-    ring_size = keys.shape[1]
-    e, exact = _exact_end_positions(logical_positions, lp_w, ring_size, compress_ratio)
-
-    pos_lo, pos_hi = _split_words(raw_positions)  # [R, 1, 3] each
-
-    def run(positions, rope_part, implementation=implementation):
-        return qsa_jax.compress_groups_with_ratio(
-            raw_keys, positions, keys, block_table, token_to_req, query_start_loc, e,
-            compressed_slots, compress_ratio, rope_part, implementation=implementation)
-
-    if rope_mode == "none":
-        pooled, first = run(pos_lo, None)  # e' - C + 1 (int32), 0 when invalid
-        first_words = _sign_extend(first)
-        if exact is not None:
-            fits, exact_first = exact
-            # Rows whose e is outside int32: valid ones got e' - C + 1 >= 2**30 - C + 1
-            # (nonzero), invalid ones 0. Rebuild the exact int64 value for the valid ones.
-            use_exact = (~fits)[:, None] & (first != 0)
-            first_words = jnp.where(use_exact[..., None], exact_first[:, None, :], first_words)
-        return pooled, first_words
-    rope_lo, rope_hi = _split_words(rope)
-    # First positions are a selection (a gather or 0): low and high words
-    # are selected independently and exactly. The high words' pass runs the XLA
-    # implementation, whose pooling (unused here) XLA drops, so the kernel pools once
-    # (a kernel's pass would pool again; every implementation selects the same words).
-    pooled, first_lo = run(pos_lo, rope_lo)
-    _, first_hi = run(pos_hi, rope_hi, "xla")
-    return pooled, jnp.stack([first_lo, first_hi], -1)
+    rope = {"none": None, "separate": rope, "packed": packed_rope}[rope_mode]
+    return compress_groups_with_ratio_int64_words(
+        raw_keys, raw_positions, keys, block_table, token_to_req, query_start_loc, logical_positions,
+        compressed_slots, compress_ratio, rope, int64_words=words, implementation=implementation)

@@ -46,6 +46,94 @@ def test_compress_positions_near_int32_max_are_exact():
     np.testing.assert_array_equal(np.asarray(first).astype(np.int64), ref_first)
 
 
+def _words(x):
+    """int64 values -> int32 words, last axis doubled (as DLPack hands torch's int64 to JAX)."""
+    x = np.ascontiguousarray(np.asarray(x, np.int64))
+    return x.view(np.int32).reshape(x.shape[:-1] + (2 * x.shape[-1],)) if x.ndim else x.view(np.int32)
+
+
+def test_end_positions_keep_validity_slot_and_first_position():
+    """``int64_words.end_positions`` against int64 arithmetic on the host: the stand-in is e
+    itself inside int32, else has e's validity (e >= C - 1) and ring slot (e mod S); the words
+    of e - C + 1 are exact, borrow included (e = 2**32 + 1, C = 4)."""
+    from qsa_jax.ops.compress_groups.int64_words import end_positions
+
+    rng = np.random.default_rng()
+    edges = [0, 1, 2, 3, 2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**32 + 2, 2**33 + 7, 2**40 + 5, 2**62,
+             2**63 - 1, -1, -(2**31), -(2**31) - 1, -(2**32), -(2**63)]
+    e = np.concatenate([np.array(edges, np.int64), rng.integers(-(2**63), 2**63 - 1, 200, dtype=np.int64),
+                        rng.integers(-(2**34), 2**34, 200, dtype=np.int64)])
+    for ring, ratio in ((4, 4), (5, 3), (7, 1), (96, 64), (65536, 4)):
+        stand_in, fits, first = (np.asarray(x) for x in end_positions(jnp.asarray(_words(e)), ring, ratio))
+        inside = (e >= -(2**31)) & (e < 2**31)
+        np.testing.assert_array_equal(fits, inside)
+        np.testing.assert_array_equal(stand_in[inside], e[inside])
+        np.testing.assert_array_equal(stand_in.astype(np.int64) >= ratio - 1, e >= ratio - 1)
+        valid = e >= ratio - 1
+        np.testing.assert_array_equal(np.mod(stand_in[valid].astype(np.int64), ring), np.mod(e[valid], ring))
+        np.testing.assert_array_equal(first.reshape(-1).view(np.int64), e - (ratio - 1))
+
+
+@pytest.mark.parametrize("offset", [0, 2**31 - 20, 2**32, 2**32 + 3, 2**40 + 5, -(2**33)])
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_compress_int64_words_is_the_int64_operator(offset, rope, impl):
+    """``compress_groups_with_ratio_int64_words`` (int64 metadata as int32 words: JAX without
+    x64, the shim's form) gives the int64 oracle's result bit for bit with positions around and
+    far beyond int32 and int64 indices beyond it (2**32 + r must not wrap to request r)."""
+    from qsa_jax.ops.compress_groups.int64_words import compress_groups_with_ratio_int64_words
+
+    rng = np.random.default_rng()
+    case = C.compress_case(rng, chunk_lens=[5, 1, 9, 3, 2], with_rope=rope, ring=8, edge=True)
+    case.logical_positions = case.logical_positions.astype(np.int64) + offset
+    case.raw_positions = case.raw_positions.astype(np.int64) + offset
+    if rope:
+        case.rope_cache = case.rope_cache.astype(np.int64) + offset
+    req = case.token_to_req.astype(np.int64)
+    req[::3] += 2**32
+    case.token_to_req = req
+    ref_pooled, ref_first = oracle.compress_groups_oracle(*[getattr(case, f) for f in FIELDS],
+                                                          case.compress_ratio, case.rope_cache)
+    flags = (True, True, False, True, True)  # query_start_loc stays int32
+    a = [case.raw_keys, _words(case.raw_positions), case.compressor_state_cache,
+         _words(case.compressor_state_block_table), _words(case.token_to_req), case.query_start_loc,
+         _words(case.logical_positions), _words(case.compressed_slots)]
+    pooled, first = compress_groups_with_ratio_int64_words(
+        *a, case.compress_ratio, None if case.rope_cache is None else _words(case.rope_cache),
+        int64_words=flags, implementation=impl)
+    np.testing.assert_array_equal(np.asarray(pooled).astype(np.float64), ref_pooled)
+    np.testing.assert_array_equal(np.ascontiguousarray(np.asarray(first)).view(np.int64)[..., 0], ref_first)
+    if offset >= 0:  # (a negative offset leaves every row invalid: all zeros, as checked)
+        assert np.asarray(pooled).any() and (ref_first != 0).any()
+
+
+@pytest.mark.parametrize("offset", [2**32, 2**40 + 5, -(2**33)])
+@pytest.mark.parametrize("x64", [True, False], ids=["jax-int64", "numpy-int64"])
+def test_compress_int64_end_positions_beyond_int32(offset, x64):
+    """The public call with int64 end positions past int32 (JAX with x64, or NumPy int64): each
+    row's validity and ring slot are the int64 value's, so pooled matches the int64 oracle, and
+    with int64 rope positions (x64) the first positions are exact. (Saturating them to int32,
+    as indices are, read the wrong ring slot.)"""
+    rng = np.random.default_rng()
+    case = C.compress_case(rng, chunk_lens=[5, 1, 9, 3], ring=8, with_rope=False, edge=True)
+    case.logical_positions = case.logical_positions.astype(np.int64) + offset
+    case.raw_positions = case.raw_positions.astype(np.int64) + offset
+    ref_pooled, ref_first = oracle.compress_groups_oracle(*[getattr(case, f) for f in FIELDS], case.compress_ratio)
+    a = [getattr(case, f) for f in FIELDS]
+    with jax.enable_x64(x64):
+        if x64:
+            a = [jnp.asarray(x) for x in a]
+        else:
+            a[1] = a[1].astype(np.int32)  # (JAX without x64 has no int64 positions to return)
+        pooled, first = qsa_jax.compress_groups_with_ratio(*a, case.compress_ratio, implementation="xla")
+        pooled, first = np.asarray(pooled).astype(np.float64), np.asarray(first)
+    np.testing.assert_array_equal(pooled, ref_pooled)
+    if x64:
+        np.testing.assert_array_equal(first, ref_first)
+    if offset > 0:
+        assert pooled.any()
+
+
 def test_compress_rejects_bad_arguments():
     rng = np.random.default_rng(0)
     case = C.compress_case(rng, chunk_lens=[2, 3])

@@ -39,3 +39,33 @@ def index_int32(x):
     if isinstance(x, np.ndarray):
         return np.clip(x, low, _INT32.max).astype(np.int32)
     return jnp.clip(x, low, _INT32.max).astype(jnp.int32)
+
+
+# --- int64 as int32 words ------------------------------------------------------------------
+# Without jax_enable_x64 JAX has no int64: a caller holding int64 metadata (vLLM's, handed
+# over by qsa_torch_shim through DLPack) passes it as int32 word pairs, little-endian, the
+# last axis doubled. These are the rules by which such words reach the operators.
+
+def split_int64_words(words):
+    """int32 words [..., 2n] of int64 values -> (lo, hi) [..., n]."""
+    w = words.reshape(words.shape[:-1] + (words.shape[-1] // 2, 2))
+    return w[..., 0], w[..., 1]
+
+
+def int64_words_fit_int32(lo, hi):
+    """Where the int64 value of (lo, hi) equals its sign-extended low word."""
+    return hi == (lo >> 31)  # arithmetic shift
+
+
+def int32_from_int64_words(words):
+    """int64 values held as words [..., 2n] -> int32 [..., n], saturated as ``index_int32``
+    saturates: exact inside int32, INT32_MIN / INT32_MAX outside it. The operators compare
+    indices only against ranges inside int32, so a saturated index is out of range exactly
+    when the int64 one is (a slot of 2**32 + 5 is skipped, not written to slot 5)."""
+    lo, hi = split_int64_words(words)
+    return jnp.where(int64_words_fit_int32(lo, hi), lo, jnp.where(hi < 0, _INT32.min, _INT32.max))
+
+
+def int64_words_from_int32(values):
+    """int32 values [...] -> int64 words [..., 2] (sign-extended)."""
+    return jnp.stack([values, values >> 31], axis=-1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 32, call f (carry .whl .cache/originals; <= 280 s; any Hopper, the second part on an H200 only):
+# For the next lent GPU (prepared in session 32 as call f, which never got a machine; carry .whl .cache/originals; <= 280 s; any Hopper, the second part on an H200 only):
 # 1. compute-sanitizer memcheck of the Pallas merge's 128-wide 1-warp row (config.PALLAS_MERGE_LAYOUTS,
 #    257-384 pairs, adopted after call d) through tools/memcheck.py's new shape 4 (32 rows x 12
 #    heads = 384 pairs, 16 splits), pallas and triton (jax-triton's merge: D whole on 2 warps there),
