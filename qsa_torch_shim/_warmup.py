@@ -38,6 +38,9 @@ def _select_config(num_rows: int, num_kv_heads: int, use_prefill_config: bool,
     return block_n, warps, tiles, tiles
 
 
+# The output gate dtypes the operator takes (qsa_jax's GATE_DTYPES, as torch dtypes).
+_GATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
 _SHIM_TABLE = object()  # warmup_rows' default: the table the shim's JAX route runs
 
 
@@ -62,7 +65,7 @@ def fp8_call_dtype(device: torch.device) -> torch.dtype:
 def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads: int,
            selection_width: int, rows=None, with_out: bool = True,
            implementation: str | None = None, fp8_tables: bool = True,
-           summary_table: str = "vllm-0.34"):
+           summary_table: str = "vllm-0.34", gate_dtype: torch.dtype = torch.bfloat16):
     """Compile the shim's calls for this deployment; returns the originals' summary.
 
     The return value is the originals': ``(block_n, num_splits, num_warps)`` of
@@ -81,7 +84,12 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
     capture sizes) to prepare exactly the batch sizes you serve -- needed before
     capturing a CUDA graph, which must not see a signature's first call.
     Warm-up calls use all-padding rows (count 0), so they read no cache page.
+    ``gate_dtype``: the dtype of the output gates the calls will bring (bf16 in vLLM;
+    an fp16 or fp32 gate is another kernel signature on the triton-torch route, so a
+    deployment with one must warm up with it before a CUDA-graph capture).
     """
+    if gate_dtype not in _GATE_DTYPES:
+        raise TypeError(f"gate_dtype must be torch.bfloat16, torch.float16 or torch.float32; got {gate_dtype!r}")
     head_dim = kv_cache.shape[-1] // 2
     table_fp8 = fp8_tables and kv_cache.dtype == torch.uint8  # 0.34's rule for the summary
     dev = kv_cache.device
@@ -106,11 +114,12 @@ def warmup(kv_cache: torch.Tensor, block_table: torch.Tensor, *, num_query_heads
         indices = torch.full((r, selection_width + 1), -1, dtype=torch.int32, device=dev)
         indices[:, -1] = 0
         ttr = torch.zeros((r,), dtype=torch.int32, device=dev)
+        gate = q if gate_dtype == torch.bfloat16 else q.to(gate_dtype)
         for flag in (False, True):
             for use_out in ((False, True) if with_out else (False,)):
                 out = torch.empty_like(q) if use_out else None
                 _eager.sparse_paged_attention_impl(q, k_cache, v_cache, indices, block_table, ttr,
-                                                   flag, out, q, implementation, scales)
+                                                   flag, out, gate, implementation, scales)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return tuple((bn, splits, warps) for bn, warps, _, splits in profiles)

@@ -153,6 +153,32 @@ def test_warmup_follows_the_route(monkeypatch):
     assert _direct.effective_table(None, torch.bfloat16) == "vllm-0.30"
 
 
+def test_warmup_brings_the_gate_dtype(monkeypatch):
+    """``warmup(gate_dtype=)`` warms the calls with that output gate dtype (an fp16 or fp32 gate
+    is its own kernel signature on triton-torch: a CUDA-graph capture must not meet its first
+    call); bf16 by default; another dtype raises TypeError before any call."""
+    import torch
+
+    from qsa_testing import cases as C
+    from qsa_testing.torch_interop import to_torch
+    from qsa_torch_shim import _eager, _warmup
+
+    case = C.sparse_attention_case(np.random.default_rng(4), rows=2, num_query_heads=4, num_kv_heads=2,
+                                   head_dim=16, page_size=8, selection_blocks=4, context_tokens=32)
+    kv, bt = to_torch(case.kv_cache, "cpu"), to_torch(case.block_table, "cpu")
+    seen = []
+    monkeypatch.setattr(_eager, "sparse_paged_attention_impl", lambda q, *a: seen.append((a[-3].dtype, q.dtype)))
+    for dtype in (None, torch.float16, torch.float32):
+        seen.clear()
+        kw = {} if dtype is None else {"gate_dtype": dtype}
+        _warmup.warmup(kv, bt, num_query_heads=4, selection_width=2051, rows=[1, 3], with_out=False, **kw)
+        assert set(seen) == {(dtype or torch.bfloat16, torch.bfloat16)} and len(seen) == 4, (dtype, seen)
+    seen.clear()
+    with pytest.raises(TypeError, match="gate_dtype"):
+        _warmup.warmup(kv, bt, num_query_heads=4, selection_width=2051, rows=[1], gate_dtype=torch.int32)
+    assert not seen
+
+
 def torch_equal(a, b):
     import torch
 
