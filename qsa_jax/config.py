@@ -961,6 +961,12 @@ PALLAS_MERGE_LAYOUTS = ((96, 32, 1), (256, 64, 1), (384, 128, 1))
 PALLAS_MERGE_LAYOUTS_UNTIMED = ((256, 64, 2),)
 MERGE_WHOLE_D_WARPS = 2
 MERGE_ONE_WARP_MAX_VALUES = 128
+# Chunks wider than this were timed on 1 warp only, at D = 256 with at most 32 splits (session
+# 32): where 1 warp does not apply to them -- a slab over the register budget, or the chunk
+# being D itself (D = 128; D whole on 1 warp ran at twice the time of 2, session 30) -- the
+# merge takes D whole on 2 warps, the layout they replaced, not the same chunk on 2 warps
+# (128-wide on 2 warps ran 1.07x D whole at TP1 192 pairs in session 32's call d).
+MERGE_WIDE_CHUNK = 64
 
 
 def merge_layout(pairs: int, head_dim: int, num_splits: int, layouts) -> tuple[int, int]:
@@ -978,7 +984,11 @@ def merge_layout(pairs: int, head_dim: int, num_splits: int, layouts) -> tuple[i
                 break
             slab = (1 << max(num_splits - 1, 0).bit_length()) * block_d
             if warps == 1 and slab > 32 * MERGE_ONE_WARP_MAX_VALUES:
+                if block_d > MERGE_WIDE_CHUNK:
+                    break
                 warps = MERGE_WHOLE_D_WARPS
+            if block_d > MERGE_WIDE_CHUNK and block_d == head_dim:
+                break
             return block_d, warps
     return head_dim, MERGE_WHOLE_D_WARPS
 

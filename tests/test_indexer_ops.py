@@ -58,7 +58,8 @@ def test_end_positions_keep_validity_slot_and_first_position():
     of e - C + 1 are exact, borrow included (e = 2**32 + 1, C = 4)."""
     from qsa_jax.ops.compress_groups.int64_words import end_positions
 
-    rng = np.random.default_rng()
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    rng = np.random.default_rng(seed)
     edges = [0, 1, 2, 3, 2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**32 + 2, 2**33 + 7, 2**40 + 5, 2**62,
              2**63 - 1, -1, -(2**31), -(2**31) - 1, -(2**32), -(2**63)]
     e = np.concatenate([np.array(edges, np.int64), rng.integers(-(2**63), 2**63 - 1, 200, dtype=np.int64),
@@ -83,7 +84,8 @@ def test_compress_int64_words_is_the_int64_operator(offset, rope, impl):
     far beyond int32 and int64 indices beyond it (2**32 + r must not wrap to request r)."""
     from qsa_jax.ops.compress_groups.int64_words import compress_groups_with_ratio_int64_words
 
-    rng = np.random.default_rng()
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    rng = np.random.default_rng(seed)
     case = C.compress_case(rng, chunk_lens=[5, 1, 9, 3, 2], with_rope=rope, ring=8, edge=True)
     case.logical_positions = case.logical_positions.astype(np.int64) + offset
     case.raw_positions = case.raw_positions.astype(np.int64) + offset
@@ -101,37 +103,67 @@ def test_compress_int64_words_is_the_int64_operator(offset, rope, impl):
     pooled, first = compress_groups_with_ratio_int64_words(
         *a, case.compress_ratio, None if case.rope_cache is None else _words(case.rope_cache),
         int64_words=flags, implementation=impl)
-    np.testing.assert_array_equal(np.asarray(pooled).astype(np.float64), ref_pooled)
-    np.testing.assert_array_equal(np.ascontiguousarray(np.asarray(first)).view(np.int64)[..., 0], ref_first)
+    np.testing.assert_array_equal(np.asarray(pooled).astype(np.float64), ref_pooled, err_msg=f"seed {seed}")
+    np.testing.assert_array_equal(np.ascontiguousarray(np.asarray(first)).view(np.int64)[..., 0], ref_first,
+                                  err_msg=f"seed {seed}")
     if offset >= 0:  # (a negative offset leaves every row invalid: all zeros, as checked)
         assert np.asarray(pooled).any() and (ref_first != 0).any()
 
 
 @pytest.mark.parametrize("offset", [2**32, 2**40 + 5, -(2**33)])
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("x64", [True, False], ids=["jax-int64", "numpy-int64"])
-def test_compress_int64_end_positions_beyond_int32(offset, x64):
+def test_compress_int64_end_positions_beyond_int32(offset, rope, x64):
     """The public call with int64 end positions past int32 (JAX with x64, or NumPy int64): each
-    row's validity and ring slot are the int64 value's, so pooled matches the int64 oracle, and
-    with int64 rope positions (x64) the first positions are exact. (Saturating them to int32,
-    as indices are, read the wrong ring slot.)"""
-    rng = np.random.default_rng()
-    case = C.compress_case(rng, chunk_lens=[5, 1, 9, 3], ring=8, with_rope=False, edge=True)
+    row's validity and ring slot are the int64 value's, so pooled matches the int64 oracle; the
+    first positions are exact in an int64 result (x64) and keep their low word in an int32 one
+    (as an int64 kernel storing into int32). Saturating e to int32, as indices are, read the
+    wrong ring slot. (The negative offset checks that rows past int32 below stay invalid.)"""
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    rng = np.random.default_rng(seed)
+    case = C.compress_case(rng, chunk_lens=[5, 1, 9, 3], ring=8, with_rope=rope, edge=True)
     case.logical_positions = case.logical_positions.astype(np.int64) + offset
     case.raw_positions = case.raw_positions.astype(np.int64) + offset
-    ref_pooled, ref_first = oracle.compress_groups_oracle(*[getattr(case, f) for f in FIELDS], case.compress_ratio)
+    if rope:
+        case.rope_cache = case.rope_cache.astype(np.int64) + offset
+    ref_pooled, ref_first = oracle.compress_groups_oracle(*[getattr(case, f) for f in FIELDS],
+                                                          case.compress_ratio, case.rope_cache)
     a = [getattr(case, f) for f in FIELDS]
+    rope_cache = case.rope_cache
     with jax.enable_x64(x64):
         if x64:
             a = [jnp.asarray(x) for x in a]
-        else:
-            a[1] = a[1].astype(np.int32)  # (JAX without x64 has no int64 positions to return)
-        pooled, first = qsa_jax.compress_groups_with_ratio(*a, case.compress_ratio, implementation="xla")
+            rope_cache = None if rope_cache is None else jnp.asarray(rope_cache)
+        else:  # (JAX without x64 has no int64 positions to return: int32 ones, low words)
+            a[1] = a[1].astype(np.int32)
+            rope_cache = None if rope_cache is None else rope_cache.astype(np.int32)
+        pooled, first = qsa_jax.compress_groups_with_ratio(*a, case.compress_ratio, rope_cache,
+                                                           implementation="xla")
         pooled, first = np.asarray(pooled).astype(np.float64), np.asarray(first)
-    np.testing.assert_array_equal(pooled, ref_pooled)
-    if x64:
-        np.testing.assert_array_equal(first, ref_first)
+    np.testing.assert_array_equal(pooled, ref_pooled, err_msg=f"seed {seed}")
+    np.testing.assert_array_equal(first, ref_first if x64 else ref_first.astype(np.int32), err_msg=f"seed {seed}")
     if offset > 0:
-        assert pooled.any()
+        assert pooled.any() and (ref_first != 0).any(), seed
+
+
+def test_compress_int64_end_positions_on_a_large_ring():
+    """Rings past the words' 65536-slot bound: the public call's int64 path (native int64
+    arithmetic) still reads the right ring slot; the words entry point refuses before any launch."""
+    from qsa_jax.ops.compress_groups.int64_words import compress_groups_with_ratio_int64_words
+
+    rng = np.random.default_rng(5)
+    case = C.compress_case(rng, chunk_lens=[3, 2], ring=70000, head_dim=16, with_rope=False)
+    case.logical_positions = case.logical_positions.astype(np.int64) + 2**32
+    ref_pooled, _ = oracle.compress_groups_oracle(*[getattr(case, f) for f in FIELDS], case.compress_ratio)
+    a = [getattr(case, f) for f in FIELDS]
+    a[1] = a[1].astype(np.int32)
+    pooled, _ = qsa_jax.compress_groups_with_ratio(*a, case.compress_ratio, implementation="xla")
+    np.testing.assert_array_equal(np.asarray(pooled).astype(np.float64), ref_pooled)
+    assert np.asarray(pooled).any()
+    a[6] = _words(case.logical_positions)
+    a[1] = _words(case.raw_positions.astype(np.int64))
+    with pytest.raises(ValueError, match="compressor_state_cache: a ring of 70000 slots"):
+        compress_groups_with_ratio_int64_words(*a, case.compress_ratio, int64_words=(False, False, False, True, False))
 
 
 def test_compress_rejects_bad_arguments():

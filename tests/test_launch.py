@@ -164,8 +164,12 @@ def test_merge_layout_edges_and_guards(monkeypatch):
     assert [layout(n, 256, 33, T) for n in (24, 25, 288, 289)] == [(32, 1), (64, 1), (64, 1), (256, 2)]
     assert [layout(n, 256, 17, P) for n in (96, 97, 256, 257, 384, 385)] == [
         (32, 1), (64, 1), (64, 1), (128, 1), (128, 1), (256, 2)]
-    # 128 columns on 1 warp up to 32 splits (32 x 128 / 32 = 128 values); 33 splits run on 2.
-    assert layout(300, 256, 32, P) == (128, 1) and layout(300, 256, 33, P) == (128, 2)
+    # 128 columns on 1 warp up to 32 splits (32 x 128 / 32 = 128 values); from 33 splits, and
+    # where 128 columns are D itself, D whole on 2 warps (the layout the row replaced), never
+    # the untimed 128 columns on 2 warps.
+    assert layout(300, 256, 32, P) == (128, 1) and layout(300, 256, 33, P) == (256, 2)
+    assert layout(300, 256, 65, P) == (256, 2)
+    assert layout(300, 128, 16, P) == (128, 2) and layout(200, 128, 16, P) == (64, 1)
     # D = 32: the 32-wide row fits, the 64-wide one does not (D whole on 2 warps); D = 16: whole.
     assert layout(24, 32, 33, T) == (32, 1) and layout(48, 32, 33, T) == (32, 2)
     assert layout(24, 16, 33, T) == (16, 2)

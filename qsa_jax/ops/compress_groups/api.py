@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from qsa_jax._implementations import REGISTRIES
@@ -54,27 +53,18 @@ def compress_groups_with_ratio(
                           compress_ratio=compress_ratio, implementation=implementation)
     # vLLM's int64 indices: saturated to int32, never wrapped into range (positions keep their
     # dtype). int64 end positions are not indices: an int32 stand-in keeps each one's validity
-    # and ring slot, and the exact e - C + 1 is put back below (int64_words.end_positions).
-    from qsa_jax.ops.compress_groups import int64_words  # (it imports this module)
-
+    # and ring slot, and the exact e - C + 1 is put back below (int64_words).
     exact = None
-    if (np.dtype(logical_positions.dtype) == np.int64 and not isinstance(logical_positions, jax.ShapeDtypeStruct)
-            and compressor_state_cache.shape[1] <= int64_words.MAX_RING_SLOTS):
-        words = (np.ascontiguousarray(logical_positions).view(np.int32) if isinstance(logical_positions, np.ndarray)
-                 else jax.lax.bitcast_convert_type(logical_positions, jnp.int32)).reshape(-1)
-        logical_positions, fits, first_words = int64_words.end_positions(
-            words, compressor_state_cache.shape[1], compress_ratio)
-        exact = fits, first_words
+    if np.dtype(logical_positions.dtype) == np.int64 and not isinstance(logical_positions, jax.ShapeDtypeStruct):
+        from qsa_jax.ops.compress_groups import int64_words  # (it imports this module)
+
+        logical_positions, exact = int64_words.int64_end_positions(
+            logical_positions, compressor_state_cache.shape[1], compress_ratio)
     arrays = (raw_keys, raw_positions, compressor_state_cache, index_int32(compressor_state_block_table),
               index_int32(token_to_req), index_int32(query_start_loc), index_int32(logical_positions),
               index_int32(compressed_slots), rope_cache)
     _sharding.check_compress_groups(problem, *arrays)
     pooled, first = _run(*arrays, problem=problem, implementation=name)
-    if exact is not None and rope_cache is None and np.dtype(first.dtype).itemsize == 8:
-        # Without a rope cache the first positions are e' - C + 1 (0 for an invalid row); where
-        # e is outside int32 a valid row takes the exact int64 value. (An int32 raw_positions
-        # cannot hold it: there, as in any int32 result, such a row's position is the stand-in's.)
-        fits, first_words = exact
-        exact_first = jax.lax.bitcast_convert_type(first_words, first.dtype)
-        first = jnp.where((~fits)[:, None] & (first != 0), exact_first[:, None], first)
+    if exact is not None and rope_cache is None:
+        first = int64_words.exact_first_positions(first, *exact)
     return pooled, first

@@ -18,14 +18,16 @@ are kept for them, so that the shim only converts:
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from qsa_jax.ops._arrays import int32_from_int64_words, int64_words_fit_int32, int64_words_from_int32, \
     split_int64_words
 from qsa_jax.ops.compress_groups.api import compress_groups_with_ratio
 
-INT32_MIN = -(2**31)
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 # Where a large positive e's stand-in sits: 2**30 + ((e - 2**30) mod S), so that e' mod S =
 # e mod S and e' - C + 1 stays positive and inside int32 for any ratio C <= 2**30.
 _BIG_BASE = 2**30
@@ -55,6 +57,46 @@ def end_positions(words, ring_size: int, ratio: int):
     first_lo = lax.bitcast_convert_type(ulo - c1, jnp.int32)
     first = jnp.stack([first_lo, hi - (ulo < c1).astype(jnp.int32)], -1)
     return stand_in, fits, first
+
+
+def _int64_stand_in(e, ring_size: int, ratio: int):
+    xp = np if isinstance(e, np.ndarray) else jnp
+    fits = (e >= INT32_MIN) & (e <= INT32_MAX)
+    # (e - 2**30 does not wrap where it is used: e > INT32_MAX there.)
+    big = _BIG_BASE + xp.mod(e - _BIG_BASE, ring_size)
+    stand_in = xp.where(fits, e, xp.where(e < 0, INT32_MIN + ratio, big)).astype(xp.int32)
+    return stand_in, fits, e - (ratio - 1)
+
+
+_int64_stand_in_jit = jax.jit(_int64_stand_in, static_argnums=(1, 2))
+
+
+def int64_end_positions(e, ring_size: int, ratio: int):
+    """``end_positions``'s stand-in from int64 values (NumPy, or JAX with x64), any ring size:
+    (e' int32, (fits, e - C + 1 int64)) for ``exact_first_positions``. The public call's path;
+    NumPy on the host, JAX in one jitted step (an eager op chain cost 10x the call, session 32)."""
+    if isinstance(e, np.ndarray):
+        stand_in, fits, first = _int64_stand_in(e, ring_size, ratio)
+    else:
+        stand_in, fits, first = _int64_stand_in_jit(e, ring_size, ratio)
+    return stand_in, (fits, first)
+
+
+@jax.jit
+def _put_back(first, fits, exact_first):
+    # Where e is outside int32, a valid row got e' - C + 1 >= 2**30 - C + 1 (nonzero) and an
+    # invalid one 0: the valid ones take the exact value, in the result's dtype (an int32
+    # result keeps its low word, as an int64 kernel storing into int32 would).
+    return jnp.where((~fits)[:, None] & (first != 0), exact_first.astype(first.dtype)[:, None], first)
+
+
+def exact_first_positions(first, fits, exact_first):
+    """The call's first positions [R, 3] (no rope cache: e' - C + 1) with the exact e - C + 1
+    put back where e was outside int32 (``int64_end_positions``)."""
+    if isinstance(exact_first, np.ndarray):
+        # Narrowed on the host: JAX without x64 would not take int64 (the low word is kept).
+        exact_first = exact_first.astype(np.dtype(first.dtype))
+    return _put_back(first, fits, exact_first)
 
 
 def compress_groups_with_ratio_int64_words(
