@@ -13,6 +13,7 @@ import torch
 from qsa_jax.arg_specs import MAX_WARMUP_ROWS
 from qsa_jax.config import first_rows
 from qsa_jax.config import select_config as _qsa_select_config
+from qsa_jax.ops.sparse_attention.base import GATE_DTYPES
 
 from qsa_torch_shim import _direct, _eager, _jax_side
 
@@ -38,8 +39,8 @@ def _select_config(num_rows: int, num_kv_heads: int, use_prefill_config: bool,
     return block_n, warps, tiles, tiles
 
 
-# The output gate dtypes the operator takes (qsa_jax's GATE_DTYPES, as torch dtypes).
-_GATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The output gate dtypes the operator takes: qsa_jax's, as torch dtypes (the names agree).
+_GATE_DTYPES = tuple(getattr(torch, d.name) for d in GATE_DTYPES)
 
 _SHIM_TABLE = object()  # warmup_rows' default: the table the shim's JAX route runs
 

@@ -11,6 +11,7 @@ from qsa_jax._implementations import REGISTRIES
 from qsa_jax.ops import _sharding
 from qsa_jax.ops._arrays import index_int32
 from qsa_jax.ops._memo import memoised
+from qsa_jax.ops.compress_groups import int64_words
 from qsa_jax.ops.compress_groups.base import CompressProblem, check_compress_args
 
 _REGISTRY = REGISTRIES["compress_groups_with_ratio"]
@@ -56,8 +57,6 @@ def compress_groups_with_ratio(
     # and ring slot, and the exact e - C + 1 is put back below (int64_words).
     exact = None
     if np.dtype(logical_positions.dtype) == np.int64 and not isinstance(logical_positions, jax.ShapeDtypeStruct):
-        from qsa_jax.ops.compress_groups import int64_words  # (it imports this module)
-
         logical_positions, exact = int64_words.int64_end_positions(
             logical_positions, compressor_state_cache.shape[1], compress_ratio)
     arrays = (raw_keys, raw_positions, compressor_state_cache, index_int32(compressor_state_block_table),

@@ -25,7 +25,7 @@ from jax import lax
 
 from qsa_jax.ops._arrays import int32_from_int64_words, int64_words_fit_int32, int64_words_from_int32, \
     split_int64_words
-from qsa_jax.ops.compress_groups.api import compress_groups_with_ratio
+from qsa_jax.ops.compress_groups import api as _api  # (api imports this module too)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 # Where a large positive e's stand-in sits: 2**30 + ((e - 2**30) mod S), so that e' mod S =
@@ -131,7 +131,7 @@ def compress_groups_with_ratio_int64_words(
     pos_lo, pos_hi = split_int64_words(raw_position_words)  # [R, 1, 3] each
 
     def run(positions, rope, implementation=implementation):
-        return compress_groups_with_ratio(
+        return _api.compress_groups_with_ratio(
             raw_keys, positions, compressor_state_cache, block_table, token_to_req, query_start_loc, e,
             compressed_slots, compress_ratio, rope, implementation=implementation)
 
