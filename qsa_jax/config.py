@@ -878,6 +878,26 @@ def triton_fp8_values_f16_staged() -> bool:
     return False
 
 
+# The reference maximum's slack under lazy rescaling, in base-2 units (probabilities up to 2^8).
+LAZY_RESCALE_LOG2 = 8.0
+
+
+def triton_fp8_lazy_rescale() -> bool:
+    """Whether the jax-triton split kernel rescales its accumulator lazily for an fp8 cache
+    (``triton_kernels._online_softmax_step``'s LAZY_RESCALE = ``LAZY_RESCALE_LOG2``): the
+    running maximum moves only when a tile raises some row's maximum by more than 2^8, so most
+    tiles skip the BLOCK_M x D multiplies of the accumulator (128 per thread per tile at one
+    warp, D = 256, of a ~1800-instruction sm_90 tile loop). The same result in real
+    arithmetic, other fp32 roundings: inside the accuracy contract, not bit-identical.
+
+    Why (issue 13, session 33): on the H200 the one-warp fp8 kernel reached 82-89% of copy
+    bandwidth where the H100 reached 90-97%; if the tile loop's issue time is part of what
+    binds it there, fewer instructions per tile should show. Off until measured. A function so
+    that tests and the benchmark can switch it (read into the launch plan: see
+    ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
+    return False
+
+
 def triton_fp8_gluon_split() -> bool:
     """Whether an fp8 problem at a one-warp jax-triton launch runs its split kernel in Gluon
     (``gluon_kernels.sparse_attention_split_kernel_fp8_gluon``) instead of Triton's language,

@@ -688,7 +688,7 @@ def test_triton_kernel_compiles_for_sm90(fmt, f16_dot, staged):
                  Q_OFFSET=0, STRIDE_PAGE=2 * 1600 * 512, STRIDE_TOKEN=512, STRIDE_HEAD=1600 * 512, V_OFFSET=256,
                  BLOCK_M=16, BLOCK_N=32, NUM_TILES=65, NUM_SPLITS=64, PREFETCH=True, TILE_INDUCTION=False,
                  SCALED=fmt != "bf16", FP8=fp8,
-                 KV_BYTES=fmt == "e4m3_bytes", QK_FP16=f16_dot, V_F16_STAGED=staged, F16_TOP_EXPONENT=14,
+                 KV_BYTES=fmt == "e4m3_bytes", QK_FP16=f16_dot, V_F16_STAGED=staged, LAZY_RESCALE=0.0, F16_TOP_EXPONENT=14,
                  F16_MAX_SHIFT=126)
     types = dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, idx_ptr="*i32", bt_ptr="*i32", req_ptr="*i32",
                  gate_ptr="*bf16", scale_ptr="*fp32", num_rows="i32", last_request="i32", num_pages="i32",

@@ -476,6 +476,8 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                         failures += not ok
                         print(f"sparse_attention fp8 {fmt} {q_name} splits={cfg.num_splits}"
                               f"{_knob_label(f16_dot, staged)} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+                    failures += _interpret_lazy_rescale(config, sbase, stri, case, q, q_name, kv, fmt, cfg, ref,
+                                                        outputs[0])
         # Degenerate rows and poison with an fp8 cache, in both layouts: every edge-row kind,
         # K 64 * 3 (finite in e4m3) and V NaN in every cache row no valid entry reads.
         rng = np.random.default_rng(23)
@@ -513,10 +515,101 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                 failures += not ok
                 print(f"sparse_attention fp8 edge+poison {layout} splits={cfg.num_splits}"
                       f"{_knob_label(f16_dot, staged)} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+        failures += _interpret_lazy_rescale_ramps(config, sbase, stri)
     finally:
         config.triton_fp8_keys_f16_dot, config.triton_fp8_values_f16_staged = defaults
         stri._launch_plan.cache_clear()
     return failures
+
+
+def _interpret_lazy_rescale_ramps(config, sbase, stri) -> int:
+    """Lazy rescaling where it matters: each row's keys rise tile by tile along its selection,
+    so the first query head's maximum climbs all the way (the other heads', of random sign,
+    mostly falls). A rise of ~12 (base 2) per 16-column tile takes the rescaling branch past
+    the first tile; one of ~3.5 skips it for two tiles (probabilities up to 2^7 against a stale
+    maximum) and takes it at the third. One split and two. Returns failures."""
+    import ml_dtypes
+
+    from qsa_jax.config import SparseAttentionConfig
+    from qsa_testing import cases as C
+    from qsa_testing import oracle
+
+    failures = 0
+    for step in (5.0, 1.5):
+        rng = np.random.default_rng(31)
+        case = C.sparse_attention_case(rng, rows=2, num_query_heads=4, num_kv_heads=2, head_dim=16, page_size=8,
+                                       selection_blocks=16, context_tokens=160, num_requests=2)
+        kv = case.kv_cache.astype(np.float32)
+        d, w, group = case.head_dim, case.selection_width, 2
+        for r in range(2):
+            count = int(case.logical_indices[r, w])
+            for c in range(count):
+                tok = int(case.logical_indices[r, c])
+                page = case.block_table[case.token_to_req[r], tok // 8]
+                for h in range(2):
+                    sign = np.sign(case.q[r, h * group].astype(np.float32))
+                    kv[page, h, tok % 8, :d] = sign * (step * (c // 16) + rng.uniform(0, 0.5, d))
+        kv = kv.astype(ml_dtypes.float8_e4m3fn)
+        for splits in (1, 2):
+            cfg = SparseAttentionConfig(16, 1, -(-w // 16), splits)
+            split = kv.transpose(0, 2, 1, 3)
+            ref = oracle.sparse_attention_oracle(
+                case.q, split[..., :d], split[..., d:], case.logical_indices, case.block_table, case.token_to_req,
+                case.output_gate, block_n=16, num_tiles=cfg.num_tiles, num_splits=splits, k_scale=0.5, v_scale=2.0)
+            plain = _interpret_run(sbase, stri, case, case.q, kv, cfg)
+            failures += _interpret_lazy_rescale(config, sbase, stri, case, case.q, f"ramp{step}", kv, "e4m3", cfg,
+                                                ref, plain.view(np.uint16))
+    return failures
+
+
+def _interpret_run(sbase, stri, case, q, kv, cfg):
+    """One launch of the split kernel (fused cache, scales 0.5 / 2.0) as a NumPy array."""
+    import jax.numpy as jnp
+
+    problem = sbase.check_sparse_attention_args(
+        q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+        use_prefill_config=False, config=cfg, scales_given=(True, True))
+    return np.asarray(stri.run(problem, jnp.asarray(q), (jnp.asarray(kv),), jnp.asarray(case.logical_indices),
+                               jnp.asarray(case.block_table), jnp.asarray(case.token_to_req),
+                               jnp.asarray(case.output_gate), sbase.scale_operand(problem, 0.5, 2.0)))
+
+
+def _interpret_lazy_rescale(config, sbase, stri, case, q, q_name, kv, fmt, cfg, ref, plain_bits) -> int:
+    """One launch with ``config.triton_fp8_lazy_rescale`` on (the other knobs at their
+    defaults): an fp8 cache launches with LAZY_RESCALE = ``config.LAZY_RESCALE_LOG2`` and is
+    held to the oracle (other fp32 sums, so not to the plain kernel's bits); a bf16 cache
+    launches without it and gives the plain kernel's bits. The extreme query's scores rise by
+    far more than 2^8 from tile to tile, so the rescaling branch runs past the first tile
+    there; the plain query's mostly skip it. Returns failures."""
+    from qsa_testing import oracle
+    from qsa_testing.exact import exact_attention
+
+    saved = config.triton_fp8_lazy_rescale
+    config.triton_fp8_lazy_rescale = lambda: True
+    stri._launch_plan.cache_clear()
+    try:
+        problem = sbase.check_sparse_attention_args(
+            q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate,
+            use_prefill_config=False, config=cfg, scales_given=(True, True))
+        fp8 = fmt != "bf16_scaled"
+        lazy = dict(stri.launch_plan(problem).split_meta)["LAZY_RESCALE"]
+        got = _interpret_run(sbase, stri, case, q, kv, cfg)
+    finally:
+        config.triton_fp8_lazy_rescale = saved
+        stri._launch_plan.cache_clear()
+    # The accuracy contract: distance from exact attention (float64, no rounding) at most 1.10x
+    # the plain kernel's (which the tiling-faithful oracle reproduces bit for bit).
+    # (uint8 bytes as their e4m3 values; a bf16 cache ignores the scales, as 0.34.0 does.)
+    exact = exact_attention(q, oracle.cache_values(kv), case.logical_indices, case.block_table, case.token_to_req,
+                            case.output_gate, k_scale=0.5 if fp8 else 1.0, v_scale=2.0 if fp8 else 1.0,
+                            block_n=cfg.block_n, num_tiles=cfg.num_tiles)
+    plain = plain_bits.view(got.dtype).astype(np.float64)
+    err, err_plain = (float(np.linalg.norm(x - exact) / np.linalg.norm(exact)) for x in (got.astype(np.float64), plain))
+    ok = (lazy == (config.LAZY_RESCALE_LOG2 if fp8 else 0.0) and err <= 1.10 * err_plain and not np.isnan(got).any()
+          and (fp8 or np.array_equal(got.view(np.uint16), plain_bits)))
+    print(f"sparse_attention fp8 {fmt} {q_name} splits={cfg.num_splits} lazy-rescale={lazy} err_exact={err:.3e} "
+          f"(plain {err_plain:.3e}) {'ok' if ok else 'FAIL'}")
+    return int(not ok)
 
 
 # The fp8 kernel variants every interpreter fp8 case runs, each bit for bit against the first:

@@ -68,12 +68,13 @@ def _signature(fn, pointers, constexprs, ints, rule, floats=()):
 
 
 def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, stages=2, induction=None,
-         qk_fp16=None, v_staged=None):
+         qk_fp16=None, v_staged=None, lazy=None):
     """Our split kernel compiled for sm_90 at one launch (bf16 cache, or e4m3 with the k/v
     scales when ``fp8``; ``requests`` defaults to ``REQUESTS``; ``induction``: the tile loop's
     form, default ``config.triton_tile_induction``'s choice; ``qk_fp16``: fp8's q.K^T in fp16,
     default ``config.triton_fp8_keys_f16_dot(group, splits)``; ``v_staged``: fp8's V converted before its
-    layout change, default ``config.triton_fp8_values_f16_staged()``)."""
+    layout change, default ``config.triton_fp8_values_f16_staged()``; ``lazy``: fp8's lazy rescaling, default
+    ``config.triton_fp8_lazy_rescale()``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -98,6 +99,8 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
                       QK_FP16=fp8 and (config.triton_fp8_keys_f16_dot(group, splits) if qk_fp16 is None else qk_fp16),
                       V_F16_STAGED=fp8 and (config.triton_fp8_values_f16_staged() if v_staged is None
                                             else v_staged),
+                      LAZY_RESCALE=(config.LAZY_RESCALE_LOG2 if fp8 and (config.triton_fp8_lazy_rescale()
+                                                                          if lazy is None else lazy) else 0.0),
                       F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT)
     # A kernel without TILE_INDUCTION (before session 13's loop forms) takes the others.
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}

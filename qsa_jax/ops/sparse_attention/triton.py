@@ -98,6 +98,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
             PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
             TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
             KV_BYTES=p.kv_format == "e4m3_bytes", V_F16_STAGED=p.is_fp8 and config.triton_fp8_values_f16_staged(),
+            LAZY_RESCALE=config.LAZY_RESCALE_LOG2 if p.is_fp8 and config.triton_fp8_lazy_rescale() else 0.0,
             **common)
     scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:

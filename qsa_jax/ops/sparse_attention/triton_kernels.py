@@ -175,21 +175,45 @@ def _f16_query(query, TOP_EXPONENT: tl.constexpr, MAX_SHIFT: tl.constexpr):
 
 @triton.jit
 def _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max, scale_log2, row_down,
-                         QK_FP16: tl.constexpr):
+                         QK_FP16: tl.constexpr, LAZY_RESCALE: tl.constexpr):
     """One tile of the online softmax in base 2: (acc, norm, run_max) after it.
-    QK_FP16: ``query`` is ``_f16_query``'s and ``row_down`` its 2^-shift per row."""
+    QK_FP16: ``query`` is ``_f16_query``'s and ``row_down`` its 2^-shift per row.
+
+    LAZY_RESCALE > 0 (``config.triton_lazy_rescale``): ``run_max`` is a reference maximum that
+    moves only when some row's tile maximum exceeds it by more than LAZY_RESCALE (base-2
+    units), all rows at once; otherwise the tile skips rescaling the accumulator (BLOCK_M * D
+    multiplies, 128 per thread at one warp, D = 256). Exact in real arithmetic: acc, norm and
+    the lse all refer to the same stale maximum. The probabilities are then at most
+    2^LAZY_RESCALE (8: 256, far inside fp16's and bf16's range); each is rounded to the P.V
+    operand's type with the same relative error as below 1, and fewer of them fall into fp16's
+    subnormals. Other fp32 sums than the eager form: the accuracy contract, not bits."""
     if QK_FP16:
         scores = (tl.dot(query, keys_t) * row_down[:, None]) * scale_log2
     else:
         scores = tl.dot(query, keys_t) * scale_log2
     scores = tl.where(ok[None, :], scores, -1.0e20)
-    new_max = tl.maximum(run_max, tl.max(scores, axis=1))
-    alpha = tl.math.exp2(run_max - new_max)
-    probs = tl.where(ok[None, :], tl.math.exp2(scores - new_max[:, None]), 0.0)
-    # P.V on bf16 (fp8 cache: fp16) probabilities; the normaliser sums the fp32 ones.
-    acc = tl.dot(probs.to(values.dtype), values, acc=acc * alpha[:, None])
-    norm = norm * alpha + tl.sum(probs, axis=1)
-    return acc, norm, new_max
+    tile_max = tl.max(scores, axis=1)
+    if LAZY_RESCALE > 0:
+        # A uniform branch (one warp-wide decision): the first tile with any valid entry always
+        # takes it (run_max starts at -1e20); a tile with no valid entry never does.
+        if tl.max(tile_max - run_max, axis=0) > LAZY_RESCALE:
+            new_max = tl.maximum(run_max, tile_max)
+            alpha = tl.math.exp2(run_max - new_max)
+            acc = acc * alpha[:, None]
+            norm = norm * alpha
+            run_max = new_max
+        probs = tl.where(ok[None, :], tl.math.exp2(scores - run_max[:, None]), 0.0)
+        acc = tl.dot(probs.to(values.dtype), values, acc=acc)
+        norm = norm + tl.sum(probs, axis=1)
+    else:
+        new_max = tl.maximum(run_max, tile_max)
+        alpha = tl.math.exp2(run_max - new_max)
+        probs = tl.where(ok[None, :], tl.math.exp2(scores - new_max[:, None]), 0.0)
+        # P.V on bf16 (fp8 cache: fp16) probabilities; the normaliser sums the fp32 ones.
+        acc = tl.dot(probs.to(values.dtype), values, acc=acc * alpha[:, None])
+        norm = norm * alpha + tl.sum(probs, axis=1)
+        run_max = new_max
+    return acc, norm, run_max
 
 
 @triton.jit(do_not_specialize=["num_rows", "last_request"])
@@ -226,6 +250,7 @@ def sparse_attention_split_kernel(
     V_F16_STAGED: tl.constexpr,  # FP8 only: V converted before its layout change (_f16_values_before_the_dot)
     F16_TOP_EXPONENT: tl.constexpr,  # _f16_query's constants (base.F16_QUERY_*)
     F16_MAX_SHIFT: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,  # > 0: _online_softmax_step's lazy rescaling threshold (base 2); 0: off
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -271,7 +296,7 @@ def sparse_attention_split_kernel(
                                       STRIDE_PAGE, STRIDE_TOKEN, V_OFFSET, FP8, KV_BYTES,
                                       V_F16_STAGED)
             acc, norm, run_max = _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max,
-                                                      scale_log2, row_down, QK_FP16)
+                                                      scale_log2, row_down, QK_FP16, LAZY_RESCALE)
     else:
         my_tiles = (tl.maximum(n_tiles - split, 0) + NUM_SPLITS - 1) // NUM_SPLITS
         tile = split
@@ -291,7 +316,7 @@ def sparse_attention_split_kernel(
                                                                bt_row_offset, tile, req_ok, n_tiles,
                                                                num_pages, W, PAGE, BTW, BLOCK_N)
             acc, norm, run_max = _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max,
-                                                      scale_log2, row_down, QK_FP16)
+                                                      scale_log2, row_down, QK_FP16, LAZY_RESCALE)
             if PREFETCH:
                 tok_in_page, page, ok = next_tok, next_page, next_ok
 
