@@ -112,11 +112,12 @@ def ours(geo, rows, block_n, splits, warps, rule, *, fp8=False, requests=None, s
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
-def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=None, kc=64, page=PAGE):
+def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=None, kc=64, page=PAGE,
+          lazy=False):
     """The Gluon fp8 split kernel (``gluon_kernels``, session 20) compiled for sm_90 at one launch
     (one warp; e4m3 cache with the k/v scales), specialised as jax-triton's route specialises it
     (``_gluon_support.compile_for_jax_triton``); ``qk_fp16`` defaults to
-    ``config.triton_fp8_keys_f16_dot(group, splits)``, ``v_shared`` is its V_SHARED; ``page``: the page size
+    ``config.triton_fp8_keys_f16_dot(group, splits)``, ``v_shared`` is its V_SHARED, ``lazy`` its LAZY_RESCALE; ``page``: the page size
     (default this tool's probe value, as ``ours``). The notes' Gluon numbers (notes/triton.md
     "Session 20") come from this with ``compiled_numbers`` at 2048 rows."""
     from qsa_jax import config
@@ -136,7 +137,7 @@ def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=
                 BLOCK_N=block_n, NUM_TILES=-(-W // block_n), NUM_SPLITS=splits,
                 QK_FP16=config.triton_fp8_keys_f16_dot(group, splits) if qk_fp16 is None else qk_fp16,
                 F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, KC=min(kc, d),
-                V_SHARED=v_shared)
+                V_SHARED=v_shared, LAZY_RESCALE=config.LAZY_RESCALE_LOG2 if lazy else 0.0)
     compiled, _ = _gluon_support.compile_for_jax_triton(fn, dtypes, scalars, num_warps=1, num_ctas=1,
                                                         compute_capability=90, enable_fp_fusion=True, metaparams=meta)
     return compiled

@@ -166,15 +166,35 @@ def _softmax_step(scores, s_ok, run_max):
 
 
 @gluon.jit
+def _lazy_softmax_step(scores, s_ok, run_max, acc, norm, LAZY_RESCALE: gl.constexpr):
+    """(probabilities, acc, norm, run_max) of one tile with lazy rescaling, base 2: the
+    reference maximum moves, and acc and norm are rescaled, only when the tile raises some
+    row's maximum by more than LAZY_RESCALE (triton_kernels._online_softmax_step says why)."""
+    tile_max = gl.max(scores, axis=1)
+    if gl.max(tile_max - run_max, axis=0) > LAZY_RESCALE:
+        new_max = gl.maximum(run_max, tile_max)
+        alpha = gl.exp2(run_max - new_max)
+        acc = acc * alpha[:, None]
+        norm = norm * alpha
+        run_max = new_max
+    probs = gl.where(s_ok[None, :], gl.exp2(scores - run_max[:, None]), 0.0)
+    return probs, acc, norm + gl.sum(probs, axis=1), run_max
+
+
+@gluon.jit
 def _values_step(probs, alpha, v_raw, acc, BLOCK_N: gl.constexpr, D: gl.constexpr, v_pair: gl.constexpr,
-                 a_op: gl.constexpr, b_op: gl.constexpr):
-    """acc * alpha + P.V, V's bytes ``v_raw`` ``[BLOCK_N, D]`` in the load layout."""
+                 a_op: gl.constexpr, b_op: gl.constexpr, RESCALE: gl.constexpr = True):
+    """acc * alpha + P.V (RESCALE False: acc + P.V, ``alpha`` unused), V's bytes ``v_raw``
+    ``[BLOCK_N, D]`` in the load layout."""
     # V: e4m3 -> fp16 in the load's registers, re-ordered in-thread, channels relabelled.
     values = v_raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
     values = gl.convert_layout(values, v_pair)
     values = gl.convert_layout(_to_operand_order(values, BLOCK_N, D), b_op)  # [BLOCK_N, D]
     # P.V on fp16 probabilities (the normaliser sums the fp32 ones).
-    return mma_v2(gl.convert_layout(probs.to(gl.float16), a_op), values, acc * alpha[:, None])
+    p16 = gl.convert_layout(probs.to(gl.float16), a_op)
+    if RESCALE:
+        acc = acc * alpha[:, None]
+    return mma_v2(p16, values, acc)
 
 
 @gluon.jit(do_not_specialize=["num_rows", "last_request"])
@@ -193,6 +213,7 @@ def sparse_attention_split_kernel_fp8_gluon(
     F16_TOP_EXPONENT: gl.constexpr, F16_MAX_SHIFT: gl.constexpr,
     KC: gl.constexpr,  # channels of q.K^T per step (q and K read from shared memory KC at a time)
     V_SHARED: gl.constexpr,  # V through shared memory, K and V each re-issued as its buffer frees
+    LAZY_RESCALE: gl.constexpr,  # > 0: lazy rescaling's threshold (base 2; _lazy_softmax_step); 0: off
 ):
     gl.static_assert(GROUP <= 16, "one MMA tile of 16 query rows")
     gl.static_assert((D >= 32) and (D <= 256) and (D & (D - 1) == 0), "D: a power of two in [32, 256]")
@@ -286,8 +307,12 @@ def sparse_attention_split_kernel_fp8_gluon(
             async_copy.async_copy_global_to_shared(k_smem, k_bytes + copy_base[:, None] + k_cols[None, :],
                                                    mask=copy_ok[:, None])
             async_copy.commit_group()
-            probs, alpha, run_max = _softmax_step(scores, s_ok, run_max)
-            norm = norm * alpha + gl.sum(probs, axis=1)
+            if LAZY_RESCALE > 0:
+                probs, acc, norm, run_max = _lazy_softmax_step(scores, s_ok, run_max, acc, norm, LAZY_RESCALE)
+                alpha = 1.0  # unused
+            else:
+                probs, alpha, run_max = _softmax_step(scores, s_ok, run_max)
+                norm = norm * alpha + gl.sum(probs, axis=1)
             async_copy.wait_group(1)  # this tile's V has landed
             gl.thread_barrier()
             v_raw = v_smem.load(v_load)  # [BLOCK_N, D] bytes, 4 channels per 32-bit read
@@ -295,7 +320,7 @@ def sparse_attention_split_kernel_fp8_gluon(
             async_copy.async_copy_global_to_shared(v_smem, v_bytes + copy_base[:, None] + k_cols[None, :],
                                                    mask=copy_ok[:, None])
             async_copy.commit_group()
-            acc = _values_step(probs, alpha, v_raw, acc, BLOCK_N, D, v_pair, a_op, b_op)
+            acc = _values_step(probs, alpha, v_raw, acc, BLOCK_N, D, v_pair, a_op, b_op, LAZY_RESCALE == 0)
             tile = nxt
     else:
         # Two K buffers (the next tile's K in flight while this one computes); V from the cache
@@ -328,9 +353,13 @@ def sparse_attention_split_kernel_fp8_gluon(
             # here, not before q.K^T: held across it, the 64 registers spill (76 B at the TP1
             # launch), and that variant measured no faster on an H100 (notes/triton.md, session 20).
             v_raw = gl.load(v_bytes + v_base[:, None] + v_cols[None, :], mask=v_ok[:, None], other=0)
-            probs, alpha, run_max = _softmax_step(scores, s_ok, run_max)
-            acc = _values_step(probs, alpha, v_raw, acc, BLOCK_N, D, v_pair, a_op, b_op)
-            norm = norm * alpha + gl.sum(probs, axis=1)
+            if LAZY_RESCALE > 0:
+                probs, acc, norm, run_max = _lazy_softmax_step(scores, s_ok, run_max, acc, norm, LAZY_RESCALE)
+                acc = _values_step(probs, 1.0, v_raw, acc, BLOCK_N, D, v_pair, a_op, b_op, False)
+            else:
+                probs, alpha, run_max = _softmax_step(scores, s_ok, run_max)
+                acc = _values_step(probs, alpha, v_raw, acc, BLOCK_N, D, v_pair, a_op, b_op)
+                norm = norm * alpha + gl.sum(probs, axis=1)
             tile = nxt
             gl.thread_barrier()  # every lane done reading K[buf] before the next iteration refills it
     async_copy.wait_group(0)  # the copies past the last tile (masked: zero-filled, never read)

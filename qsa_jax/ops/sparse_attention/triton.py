@@ -87,10 +87,11 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
                   Q_OFFSET=p.queries.offset, BLOCK_N=cfg.block_n, NUM_TILES=cfg.num_tiles, NUM_SPLITS=splits,
                   QK_FP16=p.is_fp8 and config.triton_fp8_keys_f16_dot(p.group_size, splits),
                   F16_TOP_EXPONENT=F16_QUERY_TOP_EXPONENT, F16_MAX_SHIFT=F16_QUERY_MAX_SHIFT, **strides)
+    lazy = config.LAZY_RESCALE_LOG2 if p.is_fp8 and config.triton_fp8_lazy_rescale() else 0.0
     if config.triton_fp8_gluon_split() and gluon_split_applies(p, cfg.block_n, launch.num_warps):
         split_kernel = "gluon"
         split_meta = dict(num_warps=1, num_stages=launch.num_stages, KC=min(GLUON_KEY_CHANNELS, d),
-                          V_SHARED=config.triton_fp8_gluon_values_shared(), **common)
+                          V_SHARED=config.triton_fp8_gluon_values_shared(), LAZY_RESCALE=lazy, **common)
     else:
         split_kernel = "triton"
         split_meta = dict(
@@ -98,7 +99,7 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
             PREFETCH=launch.prefetch, SCALED=p.scaled, FP8=p.is_fp8,
             TILE_INDUCTION=not launch.prefetch and triton_tile_induction(cfg.num_tiles, cfg.num_splits),
             KV_BYTES=p.kv_format == "e4m3_bytes", V_F16_STAGED=p.is_fp8 and config.triton_fp8_values_f16_staged(),
-            LAZY_RESCALE=config.LAZY_RESCALE_LOG2 if p.is_fp8 and config.triton_fp8_lazy_rescale() else 0.0,
+            LAZY_RESCALE=lazy,
             **common)
     scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:
