@@ -367,6 +367,19 @@ def _gpu_case(tp, rows, seed):
     return C.add_edge_rows(rng, case), rng
 
 
+def _poisoned_e4m3_codes(case, cfg, rng):
+    """Random finite e4m3 codes in the case's cache shape, every row no entry of ``cfg``'s
+    tiling references poisoned: K 448 (a stray score would take its row), V NaN (a stray
+    value would show)."""
+    bits = rng.choice(E4M3_CODES, case.kv_cache.shape)
+    stray = ~C.referenced_rows(case, cfg)
+    d = case.head_dim
+    unref = np.broadcast_to(stray[:, None, :, None], bits.shape)
+    bits[..., :d][unref[..., :d]] = 0x7E
+    bits[..., d:][unref[..., d:]] = 0x7F
+    return bits
+
+
 GPU_CASES = [  # (geometry, cache, tiling, V through shared memory)
     ("TP1", "e4m3", TABLE_LAUNCH, False), ("TP4", "e4m3", TABLE_LAUNCH, False),
     ("TP1", "e4m3_bytes", (32, 1, 65, 4), False), ("TP4", "e4m3_bytes", (32, 1, 65, 1), False),
@@ -399,12 +412,7 @@ def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, shared, monkeypatch):
     _skip_unless_gluon_runs_here()
     case, rng = _gpu_case(tp, 64, seed=GPU_CASES.index((tp, fmt, tiling, shared)) + 100)
     cfg = SparseAttentionConfig(*tiling)
-    bits = rng.choice(E4M3_CODES, case.kv_cache.shape)
-    stray = ~C.referenced_rows(case, cfg)
-    d = case.head_dim
-    unref = np.broadcast_to(stray[:, None, :, None], bits.shape)
-    bits[..., :d][unref[..., :d]] = 0x7E  # 448: a stray score would take its row
-    bits[..., d:][unref[..., d:]] = 0x7F  # NaN: a stray value would show
+    bits = _poisoned_e4m3_codes(case, cfg, rng)
     kv = jax.device_put(bits if fmt == "e4m3_bytes" else bits.view(C.E4M3))
     args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
     outs = {}
@@ -454,12 +462,7 @@ def test_gpu_lazy_rescale(tp, fmt, tiling, shared, monkeypatch):
     _skip_unless_gluon_runs_here()
     case, rng = _gpu_case(tp, 64, seed=LAZY_CASES.index((tp, fmt, tiling, shared)) + 200)
     cfg = SparseAttentionConfig(*tiling)
-    bits = rng.choice(E4M3_CODES, case.kv_cache.shape)
-    stray = ~C.referenced_rows(case, cfg)
-    d = case.head_dim
-    unref = np.broadcast_to(stray[:, None, :, None], bits.shape)
-    bits[..., :d][unref[..., :d]] = 0x7E
-    bits[..., d:][unref[..., d:]] = 0x7F
+    bits = _poisoned_e4m3_codes(case, cfg, rng)
     kv = jax.device_put(bits if fmt == "e4m3_bytes" else bits.view(C.E4M3))
     args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
     outs = {}
