@@ -892,8 +892,13 @@ def triton_fp8_lazy_rescale() -> bool:
 
     Why (issue 13, session 33): on the H200 the one-warp fp8 kernel reached 82-89% of copy
     bandwidth where the H100 reached 90-97%; if the tile loop's issue time is part of what
-    binds it there, fewer instructions per tile should show. Off until measured. A function so
-    that tests and the benchmark can switch it (read into the launch plan: see
+    binds it there, fewer instructions per tile should show. Measured on an H100 (2026-12-07,
+    bench/results/nvidia-h100_2026-12-07/session33/call_a/; the fp8 table's one-split launch,
+    2048 / 4096 programs): slower, TP1 +4.8 / +5.7%, TP4 +1.9 / +1.8% (likely the branch and
+    40-50 B of spills costing more than the skipped multiplies; not isolated), and with the Gluon kernel +6.3 to +8.8%;
+    its distance from exact attention level with the eager kernel's (GPU test, 4 launches).
+    Hence off; untimed on an H200 (``tools/sessions/gpu_next_m.sh``). A function so that tests
+    and the benchmark can switch it (read into the launch plan: see
     ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
     return False
 
