@@ -883,8 +883,9 @@ LAZY_RESCALE_LOG2 = 8.0
 
 
 def triton_fp8_lazy_rescale() -> bool:
-    """Whether the jax-triton split kernel rescales its accumulator lazily for an fp8 cache
-    (``triton_kernels._online_softmax_step``'s LAZY_RESCALE = ``LAZY_RESCALE_LOG2``): the
+    """Whether the jax-triton split kernels (Triton's and the Gluon one) rescale their
+    accumulator lazily for an fp8 cache (``triton_kernels._online_softmax_step``'s and
+    ``gluon_kernels._lazy_softmax_step``'s LAZY_RESCALE = ``LAZY_RESCALE_LOG2``): the
     running maximum moves only when a tile raises some row's maximum by more than 2^8, so most
     tiles skip the BLOCK_M x D multiplies of the accumulator (128 per thread per tile at one
     warp, D = 256, of a ~1800-instruction sm_90 tile loop). The same result in real
@@ -895,8 +896,9 @@ def triton_fp8_lazy_rescale() -> bool:
     binds it there, fewer instructions per tile should show. Measured on an H100 (2026-12-07,
     bench/results/nvidia-h100_2026-12-07/session33/call_a/; the fp8 table's one-split launch,
     2048 / 4096 programs): slower, TP1 +4.8 / +5.7%, TP4 +1.9 / +1.8% (likely the branch and
-    40-50 B of spills costing more than the skipped multiplies; not isolated), and with the Gluon kernel +6.3 to +8.8%;
-    its distance from exact attention level with the eager kernel's (GPU test, 4 launches).
+    40-50 B of spills costing more than the skipped multiplies; not isolated), and with the
+    Gluon kernel +6.3 to +8.8%; its distance from exact attention level with the eager
+    kernel's (GPU test, 4 launches).
     Hence off; untimed on an H200 (``tools/sessions/gpu_next_m.sh``). A function so that tests
     and the benchmark can switch it (read into the launch plan: see
     ``triton_fp8_keys_f16_dot`` for the caches to clear)."""

@@ -380,6 +380,49 @@ def _poisoned_e4m3_codes(case, cfg, rng):
     return bits
 
 
+def _gpu_fp8_variants(tp, fmt, tiling, shared, seed, variants, monkeypatch):
+    """Both GPU tests' runs: skips without a GPU or a Gluon route; one poisoned e4m3 case
+    (``_poisoned_e4m3_codes``; ``fmt`` e4m3 values or their bytes) launched through the public
+    jax-triton call at ``tiling`` once per variant (name -> (Gluon split kernel on, lazy
+    rescaling on)), V through shared memory for the Gluon kernel when ``shared``. Returns
+    (case, cfg, the e4m3 codes, {name: output}, {name: launch plan})."""
+    import jax
+
+    from qsa_jax.ops.sparse_attention import base as sbase
+    from qsa_jax.ops.sparse_attention import triton as T
+    from qsa_jax.ops.sparse_attention.api import _run as jitted
+
+    if jax.default_backend() not in ("gpu", "cuda"):
+        pytest.skip("needs a CUDA GPU")
+    if T.why_not():
+        pytest.skip(T.why_not())
+    _skip_unless_gluon_runs_here()
+    case, rng = _gpu_case(tp, 64, seed=seed)
+    cfg = SparseAttentionConfig(*tiling)
+    bits = _poisoned_e4m3_codes(case, cfg, rng)
+    kv = jax.device_put(bits if fmt == "e4m3_bytes" else bits.view(C.E4M3))
+    args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
+    outs, plans = {}, {}
+    monkeypatch.setattr(cfgmod, "triton_fp8_gluon_values_shared", lambda: shared)
+    for name, (gluon_on, lazy) in variants.items():
+        monkeypatch.setattr(cfgmod, "triton_fp8_gluon_split", lambda on=gluon_on: on)
+        monkeypatch.setattr(cfgmod, "triton_fp8_lazy_rescale", lambda on=lazy: on)
+        jitted.clear_cache()
+        T._launch_plan.cache_clear()
+        problem = sbase.check_sparse_attention_args(*args, use_prefill_config=False, config=tuple(tiling),
+                                                    scales_given=(True, True))
+        plans[name] = T.launch_plan(problem)
+        outs[name] = np.asarray(qsa_jax.sparse_attention(*args, config=cfg, implementation="triton",
+                                                         k_scale=K_SCALE, v_scale=V_SCALE))
+    jitted.clear_cache()
+    T._launch_plan.cache_clear()
+    return case, cfg, bits, outs, plans
+
+
+def _case_ids(cases):
+    return [f"{t}-{f}-bn{c[0]}-s{c[3]}-{'vshared' if v else 'vregs'}" for t, f, c, v in cases]
+
+
 GPU_CASES = [  # (geometry, cache, tiling, V through shared memory)
     ("TP1", "e4m3", TABLE_LAUNCH, False), ("TP4", "e4m3", TABLE_LAUNCH, False),
     ("TP1", "e4m3_bytes", (32, 1, 65, 4), False), ("TP4", "e4m3_bytes", (32, 1, 65, 1), False),
@@ -390,8 +433,7 @@ GPU_CASES = [  # (geometry, cache, tiling, V through shared memory)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tp,fmt,tiling,shared", GPU_CASES,
-                         ids=[f"{t}-{f}-bn{c[0]}-s{c[3]}-{'vshared' if v else 'vregs'}" for t, f, c, v in GPU_CASES])
+@pytest.mark.parametrize("tp,fmt,tiling,shared", GPU_CASES, ids=_case_ids(GPU_CASES))
 def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, shared, monkeypatch):
     """On the GPU: the Gluon split kernel's output is the Triton kernel's, bit for bit, at
     one-warp launches (32-wide tiles with 1, 2, 4 splits; 16-wide with 8; 64-wide), V through
@@ -399,39 +441,14 @@ def test_gpu_gluon_split_is_bit_identical(tp, fmt, tiling, shared, monkeypatch):
     random finite e4m3 codes with every degenerate row kind, and with poison in every
     unreferenced cache row (K 448, V NaN) -- exact zeros where rows have no entries, no NaN.
     The plan must name the Gluon kernel (it falls back to Triton's where it cannot route it)."""
-    import jax
-
-    from qsa_jax.ops.sparse_attention import base as sbase
-    from qsa_jax.ops.sparse_attention import triton as T
-    from qsa_jax.ops.sparse_attention.api import _run as jitted
-
-    if jax.default_backend() not in ("gpu", "cuda"):
-        pytest.skip("needs a CUDA GPU")
-    if T.why_not():
-        pytest.skip(T.why_not())
-    _skip_unless_gluon_runs_here()
-    case, rng = _gpu_case(tp, 64, seed=GPU_CASES.index((tp, fmt, tiling, shared)) + 100)
-    cfg = SparseAttentionConfig(*tiling)
-    bits = _poisoned_e4m3_codes(case, cfg, rng)
-    kv = jax.device_put(bits if fmt == "e4m3_bytes" else bits.view(C.E4M3))
-    args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
-    outs = {}
-    monkeypatch.setattr(cfgmod, "triton_fp8_gluon_values_shared", lambda: shared)
+    seed = GPU_CASES.index((tp, fmt, tiling, shared)) + 100
+    _, _, _, outs, plans = _gpu_fp8_variants(tp, fmt, tiling, shared, seed,
+                                             {False: (False, False), True: (True, False)}, monkeypatch)
     for on in (False, True):
-        monkeypatch.setattr(cfgmod, "triton_fp8_gluon_split", lambda on=on: on)
-        jitted.clear_cache()
-        T._launch_plan.cache_clear()
-        problem = sbase.check_sparse_attention_args(*args, use_prefill_config=False, config=tuple(tiling),
-                                                    scales_given=(True, True))
-        assert T.launch_plan(problem).split_kernel == ("gluon" if on else "triton")
-        outs[on] = np.asarray(qsa_jax.sparse_attention(*args, config=cfg, implementation="triton",
-                                                       k_scale=K_SCALE, v_scale=V_SCALE))
-    jitted.clear_cache()
-    T._launch_plan.cache_clear()
+        assert plans[on].split_kernel == ("gluon" if on else "triton")
     assert not np.isnan(outs[False].astype(np.float32)).any()
     assert (outs[False].astype(np.float32) == 0).all(axis=(1, 2)).any()  # the empty rows are there
     np.testing.assert_array_equal(outs[True].view(np.uint16), outs[False].view(np.uint16))
-
 
 LAZY_CASES = [  # (geometry, cache, tiling, the Gluon kernel's V through shared memory)
     ("TP1", "e4m3", TABLE_LAUNCH, False), ("TP4", "e4m3_bytes", TABLE_LAUNCH, False),
@@ -439,8 +456,7 @@ LAZY_CASES = [  # (geometry, cache, tiling, the Gluon kernel's V through shared 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tp,fmt,tiling,shared", LAZY_CASES,
-                         ids=[f"{t}-{f}-bn{c[0]}-s{c[3]}-{'vshared' if v else 'vregs'}" for t, f, c, v in LAZY_CASES])
+@pytest.mark.parametrize("tp,fmt,tiling,shared", LAZY_CASES, ids=_case_ids(LAZY_CASES))
 def test_gpu_lazy_rescale(tp, fmt, tiling, shared, monkeypatch):
     """On the GPU: lazy rescaling (``config.triton_fp8_lazy_rescale``) in the Triton split kernel
     meets the accuracy contract -- distance from exact attention (float64) at most 1.10x the
@@ -448,39 +464,15 @@ def test_gpu_lazy_rescale(tp, fmt, tiling, shared, monkeypatch):
     skip the rescaling) with every degenerate row kind and poison in every unreferenced row
     (exact zeros, no NaN); and the Gluon kernel with it gives the Triton kernel's bits (the
     same decisions on the same scores, the same MMA positions)."""
-    import jax
-
-    from qsa_jax.ops.sparse_attention import base as sbase
-    from qsa_jax.ops.sparse_attention import triton as T
-    from qsa_jax.ops.sparse_attention.api import _run as jitted
     from qsa_testing.exact import exact_attention
 
-    if jax.default_backend() not in ("gpu", "cuda"):
-        pytest.skip("needs a CUDA GPU")
-    if T.why_not():
-        pytest.skip(T.why_not())
-    _skip_unless_gluon_runs_here()
-    case, rng = _gpu_case(tp, 64, seed=LAZY_CASES.index((tp, fmt, tiling, shared)) + 200)
-    cfg = SparseAttentionConfig(*tiling)
-    bits = _poisoned_e4m3_codes(case, cfg, rng)
-    kv = jax.device_put(bits if fmt == "e4m3_bytes" else bits.view(C.E4M3))
-    args = (case.q, kv, case.logical_indices, case.block_table, case.token_to_req, case.output_gate)
-    outs = {}
-    monkeypatch.setattr(cfgmod, "triton_fp8_gluon_values_shared", lambda: shared)
-    for name, gluon_on, lazy in (("eager", False, False), ("lazy", False, True), ("gluon-lazy", True, True)):
-        monkeypatch.setattr(cfgmod, "triton_fp8_gluon_split", lambda on=gluon_on: on)
-        monkeypatch.setattr(cfgmod, "triton_fp8_lazy_rescale", lambda on=lazy: on)
-        jitted.clear_cache()
-        T._launch_plan.cache_clear()
-        problem = sbase.check_sparse_attention_args(*args, use_prefill_config=False, config=tuple(tiling),
-                                                    scales_given=(True, True))
-        plan = T.launch_plan(problem)
-        assert plan.split_kernel == ("gluon" if gluon_on else "triton")
-        assert dict(plan.split_meta)["LAZY_RESCALE"] == (cfgmod.LAZY_RESCALE_LOG2 if lazy else 0.0)
-        outs[name] = np.asarray(qsa_jax.sparse_attention(*args, config=cfg, implementation="triton",
-                                                         k_scale=K_SCALE, v_scale=V_SCALE))
-    jitted.clear_cache()
-    T._launch_plan.cache_clear()
+    variants = {"eager": (False, False), "lazy": (False, True), "gluon-lazy": (True, True)}
+    case, cfg, bits, outs, plans = _gpu_fp8_variants(tp, fmt, tiling, shared,
+                                                     LAZY_CASES.index((tp, fmt, tiling, shared)) + 200, variants,
+                                                     monkeypatch)
+    for name, (gluon_on, lazy) in variants.items():
+        assert plans[name].split_kernel == ("gluon" if gluon_on else "triton")
+        assert dict(plans[name].split_meta)["LAZY_RESCALE"] == (cfgmod.LAZY_RESCALE_LOG2 if lazy else 0.0)
     exact = exact_attention(case.q, bits.view(C.E4M3), case.logical_indices, case.block_table, case.token_to_req,
                             case.output_gate, k_scale=K_SCALE, v_scale=V_SCALE, block_n=cfg.block_n,
                             num_tiles=cfg.num_tiles)

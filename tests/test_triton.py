@@ -476,7 +476,7 @@ def _interpret_fp8_cases(sbase, stri) -> int:
                         failures += not ok
                         print(f"sparse_attention fp8 {fmt} {q_name} splits={cfg.num_splits}"
                               f"{_knob_label(f16_dot, staged)} rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
-                    failures += _interpret_lazy_rescale(config, sbase, stri, case, q, q_name, kv, fmt, cfg, ref,
+                    failures += _interpret_lazy_rescale(config, sbase, stri, case, q, q_name, kv, fmt, cfg,
                                                         outputs[0])
         # Degenerate rows and poison with an fp8 cache, in both layouts: every edge-row kind,
         # K 64 * 3 (finite in e4m3) and V NaN in every cache row no valid entry reads.
@@ -532,7 +532,6 @@ def _interpret_lazy_rescale_ramps(config, sbase, stri) -> int:
 
     from qsa_jax.config import SparseAttentionConfig
     from qsa_testing import cases as C
-    from qsa_testing import oracle
 
     failures = 0
     for step in (5.0, 1.5):
@@ -552,13 +551,9 @@ def _interpret_lazy_rescale_ramps(config, sbase, stri) -> int:
         kv = kv.astype(ml_dtypes.float8_e4m3fn)
         for splits in (1, 2):
             cfg = SparseAttentionConfig(16, 1, -(-w // 16), splits)
-            split = kv.transpose(0, 2, 1, 3)
-            ref = oracle.sparse_attention_oracle(
-                case.q, split[..., :d], split[..., d:], case.logical_indices, case.block_table, case.token_to_req,
-                case.output_gate, block_n=16, num_tiles=cfg.num_tiles, num_splits=splits, k_scale=0.5, v_scale=2.0)
             plain = _interpret_run(sbase, stri, case, case.q, kv, cfg)
             failures += _interpret_lazy_rescale(config, sbase, stri, case, case.q, f"ramp{step}", kv, "e4m3", cfg,
-                                                ref, plain.view(np.uint16))
+                                                plain.view(np.uint16))
     return failures
 
 
@@ -574,13 +569,14 @@ def _interpret_run(sbase, stri, case, q, kv, cfg):
                                jnp.asarray(case.output_gate), sbase.scale_operand(problem, 0.5, 2.0)))
 
 
-def _interpret_lazy_rescale(config, sbase, stri, case, q, q_name, kv, fmt, cfg, ref, plain_bits) -> int:
+def _interpret_lazy_rescale(config, sbase, stri, case, q, q_name, kv, fmt, cfg, plain_bits) -> int:
     """One launch with ``config.triton_fp8_lazy_rescale`` on (the other knobs at their
     defaults): an fp8 cache launches with LAZY_RESCALE = ``config.LAZY_RESCALE_LOG2`` and is
-    held to the oracle (other fp32 sums, so not to the plain kernel's bits); a bf16 cache
-    launches without it and gives the plain kernel's bits. The extreme query's scores rise by
-    far more than 2^8 from tile to tile, so the rescaling branch runs past the first tile
-    there; the plain query's mostly skip it. Returns failures."""
+    held to exact attention within 1.10x of the plain kernel's distance (``plain_bits``, its
+    output; other fp32 sums, so not its bits); a bf16 cache launches without it and gives the
+    plain kernel's bits. These small cases rarely take the rescaling branch past the first
+    tile (a broken branch passed them): ``_interpret_lazy_rescale_ramps`` does. Returns
+    failures."""
     from qsa_testing import oracle
     from qsa_testing.exact import exact_attention
 

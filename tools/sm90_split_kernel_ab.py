@@ -117,8 +117,8 @@ def gluon(geo, rows, block_n, splits, *, qk_fp16=None, v_shared=False, requests=
     """The Gluon fp8 split kernel (``gluon_kernels``, session 20) compiled for sm_90 at one launch
     (one warp; e4m3 cache with the k/v scales), specialised as jax-triton's route specialises it
     (``_gluon_support.compile_for_jax_triton``); ``qk_fp16`` defaults to
-    ``config.triton_fp8_keys_f16_dot(group, splits)``, ``v_shared`` is its V_SHARED, ``lazy`` its LAZY_RESCALE; ``page``: the page size
-    (default this tool's probe value, as ``ours``). The notes' Gluon numbers (notes/triton.md
+    ``config.triton_fp8_keys_f16_dot(group, splits)``, ``v_shared`` is its V_SHARED, ``lazy`` its
+    LAZY_RESCALE; ``page``: the page size (default this tool's probe value, as ``ours``). The notes' Gluon numbers (notes/triton.md
     "Session 20") come from this with ``compiled_numbers`` at 2048 rows."""
     from qsa_jax import config
     from qsa_jax.ops import _gluon_support

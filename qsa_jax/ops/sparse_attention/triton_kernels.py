@@ -179,7 +179,7 @@ def _online_softmax_step(query, keys_t, values, ok, acc, norm, run_max, scale_lo
     """One tile of the online softmax in base 2: (acc, norm, run_max) after it.
     QK_FP16: ``query`` is ``_f16_query``'s and ``row_down`` its 2^-shift per row.
 
-    LAZY_RESCALE > 0 (``config.triton_lazy_rescale``): ``run_max`` is a reference maximum that
+    LAZY_RESCALE > 0 (``config.triton_fp8_lazy_rescale``): ``run_max`` is a reference maximum that
     moves only when some row's tile maximum exceeds it by more than LAZY_RESCALE (base-2
     units), all rows at once; otherwise the tile skips rescaling the accumulator (BLOCK_M * D
     multiplies, 128 per thread at one warp, D = 256). Exact in real arithmetic: acc, norm and
