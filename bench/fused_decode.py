@@ -39,7 +39,6 @@ import numpy as np
 CASES = "TP1:1,TP1:2,TP1:4,TP1:8,TP4:1,TP4:4,TP4:16"
 MODES = ("separate", "fused")
 ORIGINALS = ("0.30.0", "0.34.0")
-GAP_S = 0.05  # idle time between jobs in the trace
 
 
 def build_chain(merge: str, config, stages: int, block_d: int | None):
@@ -113,8 +112,8 @@ def main(argv=None) -> int:
 
     import jax
 
-    from bench import inputs, kernel_trace
-    from bench.hopper_sweep import exact_attention_torch, rel_err, split_bursts
+    from bench import inputs
+    from bench.hopper_sweep import exact_attention_torch, rel_err, traced_job_bursts
     from qsa_testing.agreement import fidelity
 
     gpu = jax.default_backend() == "gpu"
@@ -215,20 +214,10 @@ def main(argv=None) -> int:
               f", rel {fid['rel_err']:.2e}, stable {stable}", flush=True)
 
     if gpu:
-        def traced():
-            for _ in range(a.rounds):
-                for _, _, run, wait in jobs:
-                    out = None
-                    for _ in range(a.runs):
-                        out = run()
-                    wait(out)
-                    time.sleep(GAP_S)
-
-        kernels = kernel_trace.gpu_kernels(traced)
-        bursts = split_bursts(kernels, a.rounds * len(jobs))
+        bursts = traced_job_bursts([(run, wait) for _, _, run, wait in jobs], a.runs, a.rounds)
         calls = a.runs * a.n_sets
         if bursts is None:
-            print(f"trace: {len(kernels)} kernels did not split into {a.rounds * len(jobs)} bursts", flush=True)
+            print(f"trace: the kernels did not split into {a.rounds * len(jobs)} bursts", flush=True)
         else:
             for j, (c, label, _, _) in enumerate(jobs):
                 mine = [bursts[r * len(jobs) + j] for r in range(a.rounds)]

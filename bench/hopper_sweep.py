@@ -174,6 +174,23 @@ def split_bursts(kernels, expected: int):
     return bursts if len(bursts) == expected else None
 
 
+def traced_job_bursts(jobs, runs: int, rounds: int = 1):
+    """One profiler trace of ``rounds`` passes over ``jobs`` (``(run, wait)`` pairs: ``runs``
+    back-to-back ``run()``, then ``wait(last result)``, then ``GAP_S`` idle), split into one
+    burst of kernels per job and pass (pass-major), or None where the trace does not split so."""
+    from bench import kernel_trace
+
+    def traced():
+        for _ in range(rounds):
+            for run, wait in jobs:
+                out = None
+                for _ in range(runs):
+                    out = run()
+                wait(out)
+                time.sleep(GAP_S)
+    return split_bursts(kernel_trace.gpu_kernels(traced), rounds * len(jobs))
+
+
 class Case:
     """One (geometry, rows) case: inputs, the originals' busy time and error, exact output."""
 

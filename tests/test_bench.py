@@ -416,6 +416,43 @@ def test_hopper_sweep_pieces_on_cpu(tmp_path):
     assert HS.split_bursts(kernels, 2) is None  # a miscount is reported, not guessed
 
 
+def test_traced_job_bursts_runs_each_job_in_order(monkeypatch):
+    """``traced_job_bursts`` runs each job ``runs`` times then waits on its last result, pass by
+    pass, under one trace, and hands the trace's kernels to ``split_bursts`` (a fake trace
+    here: one kernel per run, each wait a gap that starts a new burst)."""
+    from bench import hopper_sweep as HS
+    from bench import kernel_trace
+    from bench.kernel_trace import Kernel
+
+    log = []
+
+    def job(name):
+        def run():
+            log.append(name)
+            return name + str(len(log))
+
+        def wait(last):
+            log.append("wait " + last)
+        return run, wait
+
+    def fake_trace(traced):
+        start = len(log)
+        traced()
+        t, kernels = 0, []
+        for entry in log[start:]:
+            t += 30_000_000 if entry.startswith("wait") else 1000  # a wait: past GAP_SPLIT_NS
+            if not entry.startswith("wait"):
+                kernels.append(Kernel(entry, t, 500))
+        return kernels
+
+    monkeypatch.setattr(kernel_trace, "gpu_kernels", fake_trace)
+    monkeypatch.setattr(HS, "GAP_S", 0.0)
+    bursts = HS.traced_job_bursts([job("a"), job("b")], runs=2, rounds=2)
+    assert log == ["a", "a", "wait a2", "b", "b", "wait b5", "a", "a", "wait a8", "b", "b", "wait b11"]
+    assert [[k.name for k in b] for b in bursts] == [["a"] * 2, ["b"] * 2, ["a"] * 2, ["b"] * 2]
+    assert HS.traced_job_bursts([job("a")], runs=1, rounds=1) is not None
+
+
 def test_hopper_sweep_report_by_cache_dtype():
     """The sweep's report names its comparators: both originals for bf16 (and for sweeps
     written before fp8 existed), 0.34.0 alone for fp8, with the winner's ratio to the faster."""

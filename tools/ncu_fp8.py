@@ -62,7 +62,12 @@ def main() -> int:
         mod.qsa_sparse_paged_attention(tq, k8, v8, tidx, tbt, tt2r, False, out, 0.5, 2.0, output_gate=tg)
         torch.cuda.synchronize()
 
+    def jax_triton(kv, **kw):  # the library's jax-triton kernels at the table's launch (session 34)
+        return lambda: jax.block_until_ready(qsa_jax.sparse_attention(
+            inp.q, kv, idx, inp.block_table, inp.token_to_req, inp.gate, implementation="triton", **kw))
+
     cases = {"pallas_fp8": pallas(kv_fp8, k_scale=0.5, v_scale=2.0), "pallas_bf16": pallas(kv_bf16),
+             "triton_fp8": jax_triton(kv_fp8, k_scale=0.5, v_scale=2.0), "triton_bf16": jax_triton(kv_bf16),
              "original034_fp8": original}
     for name in a.only.split(","):
         fn = cases[name]
