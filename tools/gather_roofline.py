@@ -70,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", default="2048,4096")
     ap.add_argument("--geometries", default="TP1,TP4")
-    ap.add_argument("--variants", default="16/1/1,16/1/2,16/1/3,32/2/2,32/4/2,32/4/3,64/4/2,64/8/2",
+    ap.add_argument("--variants", default="16/1/2,32/1/2,32/1/3,32/4/2,32/4/3,64/8/2",
                     help="gather tilings block_n/warps/stages")
     ap.add_argument("--n-sets", type=int, default=6)
     ap.add_argument("--runs", type=int, default=2)

@@ -20,7 +20,7 @@
 source tools/gpu_env.sh
 set -o pipefail
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-timeout -s INT 150 python3 tools/gather_roofline.py --variants 16/1/1,16/1/2,32/2/2,32/4/2,32/4/3,64/8/2 --out "$OUT/roofline" > "$OUT/roofline.log" 2>&1
+timeout -s INT 150 python3 tools/gather_roofline.py --variants 16/1/2,32/1/2,32/1/3,32/4/2,32/4/3,64/8/2 --out "$OUT/roofline" > "$OUT/roofline.log" 2>&1
 echo "roofline rc=$?"; grep -vE "^\s*$|Warning|warn" "$OUT/roofline.log" | tail -60 | cut -c1-160
 GLUON=triton_fp8_gluon_split+triton_fp8_gluon_values_shared
 timeout -s INT 150 python3 tools/fp8_kernel_ab.py --impl triton --programs 2048,4096 --geometries TP1,TP4 \

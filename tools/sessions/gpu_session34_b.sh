@@ -10,7 +10,7 @@
 source tools/gpu_env.sh
 set -o pipefail
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-timeout -s INT 150 python3 tools/gather_roofline.py --out "$OUT/roofline" > "$OUT/roofline.log" 2>&1
+timeout -s INT 150 python3 tools/gather_roofline.py --variants 16/1/2,32/1/2,32/1/3,32/4/2,32/4/3,64/8/2 --out "$OUT/roofline" > "$OUT/roofline.log" 2>&1
 echo "roofline rc=$?"; grep -vE "^\s*$|Warning|warn" "$OUT/roofline.log" | tail -60 | cut -c1-160
 timeout -s INT 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gluon.py > "$OUT/gluon_tests.log" 2>&1
 echo "gluon gpu tests rc=$?"; grep -E "passed|failed|Error" "$OUT/gluon_tests.log" | tail -5 | cut -c1-200
