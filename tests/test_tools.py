@@ -186,3 +186,14 @@ def test_gpu_scripts_name_files_that_exist():
     assert any(name.startswith("tests/") for _, name in named) and len(named) > 20, sorted(named)
     missing = sorted(f"{script}: {name}" for script, name in named if not os.path.exists(os.path.join(ROOT, name)))
     assert not missing, missing
+
+
+def test_gather_roofline_kernel_in_interpreter():
+    """tools/gather_roofline.py --check: the gather kernel (the roofline of issue 13's fp8 target)
+    reads exactly the attention kernel's rows -- its XOR per (row, KV head) equals NumPy's over the
+    same entries, fp8 and bf16 bytes, with and without the prefetch (the tool exits 1 otherwise)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    res = subprocess.run([sys.executable, "tools/gather_roofline.py", "--check"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 6, res.stdout
