@@ -905,6 +905,30 @@ def triton_fp8_lazy_rescale() -> bool:
     return False
 
 
+def triton_fp8_register_cap() -> int | None:
+    """The most registers per thread the jax-triton split kernel (Triton's language, not the
+    Gluon one) may take for an fp8 cache at one warp, or None (0, False): ptxas decides. Both
+    launchers honour it: Triton's as its ``maxnreg`` option, JAX's through
+    ``_triton_images`` (a ``.maxnreg`` directive in the kernel's PTX).
+
+    Why (issue 13, session 35): at the fp8 table's one-warp launches ptxas gives the kernel
+    255 registers, so an SM holds 8 programs (Nsight Compute, H100: the block limit by
+    registers 8, by shared memory 9; 7.6 warps per SM achieved; long-scoreboard the top stall),
+    and the kernel reads 0.91-0.95x as fast as a kernel that only gathers the same bytes. A cap
+    trades spills for programs in flight: sm_90 compiles (``tools/sm90_split_kernel_ab.py``,
+    TP1 2048 rows, 32-wide tiles) at 224 registers spill 184 B with 44 spill instructions
+    in a 1845-instruction tile loop (1820 uncapped), 9 programs per SM; at 200, 504 B and 97,
+    10 programs at TP4 (20.7 KB of shared memory) but still 9 at TP1 (24.8 KB).
+    Measured on an H100 (2026-12-07, bench/results/nvidia-h100_2026-12-07/session35/call_a/; the
+    library's fp8 launch, ``tools/fp8_kernel_ab.py --knob triton_fp8_register_cap=224``): slower
+    everywhere, 224 by 20-26% at 2048 / 4096 programs and 28-34% at 256 (where 8 programs per SM
+    already hold the whole grid), 200 by 34-46%; bit-identical. The spills cost far more than
+    their count, and the extra programs do not pay it back. Hence None. A function so that
+    tests and the benchmark can switch it (read into the launch plan, and so into JAX's traced
+    calls and the shim's signatures: see ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
+    return None
+
+
 def triton_fp8_gluon_split() -> bool:
     """Whether an fp8 problem at a one-warp jax-triton launch runs its split kernel in Gluon
     (``gluon_kernels.sparse_attention_split_kernel_fp8_gluon``) instead of Triton's language,

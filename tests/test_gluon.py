@@ -340,6 +340,41 @@ def test_plan_picks_gluon_only_where_it_applies(monkeypatch):
     assert _plan(_problem("TP1", 1024), monkeypatch, on=False).split_kernel == "triton"
 
 
+def test_register_cap_goes_into_one_warp_fp8_triton_plans_only(monkeypatch):
+    """``config.triton_fp8_register_cap`` adds Triton's ``maxnreg`` launch option to the Triton
+    split kernel's plan at one-warp fp8 launches (e4m3 values and bytes) and nowhere else: not
+    at 2 warps, not for a bf16 cache, not to the Gluon kernel (whose launcher takes no such
+    option), not when the knob is None or 0; the shim's torch route passes the same options."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(cfgmod, "triton_fp8_register_cap", lambda: 200)
+
+    def meta(problem, gluon=False):
+        plan = _plan(problem, monkeypatch, on=gluon)
+        return plan, dict(plan.split_meta)
+
+    for fmt in ("e4m3", "e4m3_bytes"):
+        for tp in ("TP1", "TP4"):
+            plan, m = meta(_problem(tp, 1024, fmt))
+            assert plan.split_kernel == "triton" and m["maxnreg"] == 200 and m["num_warps"] == 1
+    assert "maxnreg" not in meta(_problem("TP1", 1024, config=(32, 2, 65, 4)))[1]
+    assert "maxnreg" not in meta(_problem("TP1", 1024, "bf16"))[1]
+    from qsa_jax.ops.sparse_attention import triton as T
+
+    if T.gluon_split_applies(_problem("TP1", 1024), 32, 1):
+        plan, m = meta(_problem("TP1", 1024), gluon=True)
+        assert plan.split_kernel == "gluon" and "maxnreg" not in m
+    for off in (None, 0):
+        monkeypatch.setattr(cfgmod, "triton_fp8_register_cap", lambda off=off: off)
+        assert "maxnreg" not in meta(_problem("TP1", 1024))[1]
+    pytest.importorskip("torch")
+    from qsa_torch_shim import _direct
+
+    monkeypatch.setattr(cfgmod, "triton_fp8_register_cap", lambda: 200)
+    problem = _problem("TP1", 1024)
+    plan = _plan(problem, monkeypatch, on=False)
+    assert _direct._launches(problem, plan)[0].meta["maxnreg"] == 200
+
+
 def test_shim_launches_the_plans_kernel(monkeypatch):
     _skip_unless_gluon_runs_here()
     pytest.importorskip("torch")

@@ -295,20 +295,27 @@ def test_gpu_triton_torch_float_gates(gate_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
-def test_gpu_jax_route_runs_the_torch_routes_cubins(kv_dtype, monkeypatch):
+@pytest.mark.parametrize("kv_dtype,cap", [("bf16", None), ("e4m3", None), ("e4m3", 200)])
+def test_gpu_jax_route_runs_the_torch_routes_cubins(kv_dtype, cap, monkeypatch):
     """JAX's launch (implementation="triton", at the table triton-torch takes) hands jaxlib the
     very cubin Triton's launcher compiled for the torch route (``qsa_jax.ops._triton_images``):
     the PTX of each kernel jax-triton lowers is one the torch route compiled, and the image
-    carried for it equals that compiled kernel's cubin, byte for byte."""
+    carried for it equals that compiled kernel's cubin, byte for byte. With the register cap
+    (``config.triton_fp8_register_cap``; 40 rows are a one-warp fp8 launch) both routes cap the
+    split kernel alike: Triton's ``maxnreg`` there, the PTX directive here, the same cubin, at
+    most ``cap`` registers, and the uncapped bits."""
     reason = _gpu_skip_reason()
     if reason:
         pytest.skip(reason)
     import torch
 
     import qsa_torch_shim as S
+    from qsa_jax import config
     from qsa_jax.ops import _triton_images as T
     from qsa_jax.ops.sparse_attention import gluon_kernels, triton_kernels
+    from qsa_jax.ops.sparse_attention import triton as tri
+    from qsa_jax.ops.sparse_attention.api import _run as jitted
+    from qsa_torch_shim import _direct, _jax_side
 
     T.install()
     if T.unavailable_reason() is not None:
@@ -320,13 +327,31 @@ def test_gpu_jax_route_runs_the_torch_routes_cubins(kv_dtype, monkeypatch):
         carried.append((ptx, image))
         return image
 
-    monkeypatch.setattr(T, "assemble_like_triton", spy)
     args, gate, scales = _gpu_call(40, kv_dtype, seed=41)  # 40 rows: a signature no other test lowers
-    want = _triton_route(*args, output_gate=gate, **scales)
-    out = torch.full_like(args[0], float("nan"))
-    S.qsa_sparse_paged_attention(*args, out, output_gate=gate, implementation="triton-torch", **scales)
-    torch.cuda.synchronize()
+    uncapped = None
+    if cap:
+        uncapped = _triton_route(*args, output_gate=gate, **scales)
+        monkeypatch.setattr(config, "triton_fp8_register_cap", lambda: cap)
+    # The knob is read into the launch plans, and so into JAX's traced calls (the library's and the
+    # shim's JAX route's) and the shim's signatures.
+    caches = (jitted.clear_cache, _jax_side.sparse_new.clear_cache, _jax_side.sparse_into.clear_cache,
+              tri._launch_plan.cache_clear, _direct._SIGNATURES.clear)
+    for clear in caches:
+        clear()
+    monkeypatch.setattr(T, "assemble_like_triton", spy)
+    try:
+        want = _triton_route(*args, output_gate=gate, **scales)
+        out = torch.full_like(args[0], float("nan"))
+        S.qsa_sparse_paged_attention(*args, out, output_gate=gate, implementation="triton-torch", **scales)
+        torch.cuda.synchronize()
+    finally:
+        for clear in caches:
+            clear()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    if cap:
+        assert torch.equal(want.view(torch.int16), uncapped.view(torch.int16))
+        capped = [ptx for ptx, _ in carried if f".maxnreg {cap}" in ptx]
+        assert len(capped) == 1, "exactly the split kernel is capped"
     compiled = {}
     for module in (triton_kernels, gluon_kernels):
         for fn in vars(module).values():
@@ -336,6 +361,10 @@ def test_gpu_jax_route_runs_the_torch_routes_cubins(kv_dtype, monkeypatch):
     for ptx, image in carried:
         assert ptx in compiled, "jax-triton's PTX is not one Triton's launcher compiled for the torch route"
         assert image == compiled[ptx]
+    if cap:
+        registers = {ck.asm["ptx"]: ck.n_regs for module in (triton_kernels,) for fn in vars(module).values()
+                     for kernel_cache, *_ in getattr(fn, "device_caches", {}).values() for ck in kernel_cache.values()}
+        assert 0 < registers[capped[0]] <= cap
 
 
 @pytest.mark.gpu

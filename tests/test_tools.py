@@ -197,3 +197,21 @@ def test_gather_roofline_kernel_in_interpreter():
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 6, res.stdout
+
+
+def test_fp8_kernel_ab_knob_values():
+    """``--knob A+B --knob N=224``: the runs force A and B True (False where a run does not
+    name them) and a numeric knob to its integer (None where a run does not name it); an
+    unknown name is an error before any GPU work."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import fp8_kernel_ab as ab
+
+    sets = [(), ("triton_fp8_lazy_rescale",), ("triton_fp8_register_cap=224", "triton_fp8_lazy_rescale"),
+            ("triton_fp8_register_cap=200",)]
+    assert ab.knob_values(sets) == [
+        {"triton_fp8_register_cap": None},
+        {"triton_fp8_lazy_rescale": True, "triton_fp8_register_cap": None},
+        {"triton_fp8_register_cap": 224, "triton_fp8_lazy_rescale": True},
+        {"triton_fp8_register_cap": 200}]
+    with pytest.raises(ValueError, match="no_such_knob"):
+        ab.knob_values([("no_such_knob=3",)])

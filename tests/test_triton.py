@@ -215,7 +215,7 @@ if __name__ != "__main__":
 
 
 def _emulated_triton_call(*args, kernel, out_shape, grid, input_output_aliases=None, name="",
-                          num_warps=None, num_stages=None, **meta):
+                          num_warps=None, num_stages=None, maxnreg=None, **meta):
     import jax
     import jax.numpy as jnp
     import ml_dtypes

@@ -95,6 +95,84 @@ def test_malformed_or_unexpected_protos():
     assert T.with_image(no_ptx, lambda ptx, cc: pytest.fail("assembled without PTX")) is None
 
 
+# ------------------------------------------------------------------------ the register cap
+
+# A one-entry PTX as Triton writes it (header, parameters, .reqntid, body).
+SMALL_PTX = (".version 8.7\n.target sm_90a\n.address_size 64\n\n.visible .entry k(\n"
+             "\t.param .u64 .ptr .global .align 1 k_param_0\n)\n.reqntid 32\n{\n\tret;\n\n}\n")
+
+
+def _proto_with_ptx(ptx: str) -> bytes:
+    kernel = T._len_field(1, b"k") + T._varint_field(2, 1) + T._len_field(4, ptx.encode()) + T._varint_field(6, 90)
+    return T._len_field(1, T._len_field(1, kernel) + T._varint_field(2, 3)) + T._len_field(4, b"n")
+
+
+def test_with_max_registers_places_and_replaces_the_directive():
+    capped = T.with_max_registers(SMALL_PTX, 200)
+    assert capped == SMALL_PTX.replace(".reqntid 32\n{", ".reqntid 32\n.maxnreg 200\n{")
+    assert T.with_max_registers(capped, 168) == SMALL_PTX.replace(".reqntid 32\n{", ".reqntid 32\n.maxnreg 168\n{")
+    for bad in (0, 15, 256):
+        with pytest.raises(ValueError, match="16-255"):
+            T.with_max_registers(SMALL_PTX, bad)
+    with pytest.raises(ValueError, match="one .entry"):
+        T.with_max_registers(SMALL_PTX + SMALL_PTX[SMALL_PTX.index(".visible"):], 200)
+
+
+def test_with_image_writes_the_cap_into_the_ptx_it_assembles_and_carries():
+    proto = _proto_with_ptx(SMALL_PTX)
+    capped = T.with_max_registers(SMALL_PTX, 224)
+    # No image (the switch off): the PTX field alone changes, so jaxlib assembles the capped PTX.
+    fields = T.kernel_fields(T.with_image(proto, None, 224))
+    assert fields[T.KERNEL_PTX] == capped.encode() and T.KERNEL_MODULE_IMAGE not in fields
+    assert T.with_image(proto, None) is None  # nothing asked: nothing to do
+    seen = []
+    fields = T.kernel_fields(T.with_image(proto, lambda ptx, cc: seen.append(ptx) or b"ELF", 224))
+    assert seen == [capped] and fields[T.KERNEL_PTX] == capped.encode()
+    assert {n: v for n, v, _ in T._fields(fields[T.KERNEL_MODULE_IMAGE])}[T.IMAGE_OBJECT_FILE] == b"ELF"
+
+
+def _sm90_split_kernel(maxnreg=None):
+    """The split kernel at the fp8 table's one-split, one-warp launch (TP4, 32-wide tiles),
+    compiled for sm_90 on the CPU with Triton's own ``maxnreg`` option (None: none)."""
+    pytest.importorskip("triton")
+    import os
+    import sys
+
+    import triton
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import sm90_split_kernel_ab as A
+
+    from bench import inputs
+
+    compile_ = triton.compile
+    try:
+        if maxnreg:
+            triton.compile = lambda src, target=None, options=None: compile_(
+                src, target=target, options=dict(options, maxnreg=maxnreg))
+        return A, A.ours(inputs.geometry("TP4", cpu=True, pool_gb=0.01), 2048, 32, 1, 1, "jax-triton", fp8=True)
+    finally:
+        triton.compile = compile_
+
+
+def test_the_cap_is_tritons_own_directive_and_ptxas_keeps_to_it(tmp_path):
+    """JAX's route writes the directive Triton's launcher would (the torch route passes Triton
+    ``maxnreg``): the edited PTX of the uncapped kernel is the capped kernel's PTX, character
+    for character; and ptxas allocates no more than the cap where the kernel wants more."""
+    A, plain = _sm90_split_kernel()
+    _, capped = _sm90_split_kernel(224)
+    assert T.with_max_registers(plain.asm["ptx"], 224) == capped.asm["ptx"]
+    try:
+        ptxas = A.ptxas_path()
+    except IndexError:
+        pytest.skip("Triton's bundled ptxas is not installed here")
+    registers = {}
+    for name, ptx in (("plain", plain.asm["ptx"]), ("capped", T.with_max_registers(plain.asm["ptx"], 224))):
+        (tmp_path / f"{name}.ptx").write_text(ptx)
+        registers[name] = int(A.P.ptxas_info(ptxas, str(tmp_path / f"{name}.ptx"))["registers"])
+    assert registers["plain"] > 224 >= registers["capped"], registers
+
+
 # ------------------------------------------------------------------------ the lowering wrapper
 
 
@@ -159,6 +237,46 @@ def test_lowering_wrapper_edits_only_our_kernels_and_only_while_enabled():
                                                ours=lambda fn: True), platform="cpu")
     with pytest.warns(RuntimeWarning, match="keeps jaxlib's own assembly.*Cannot find ptxas"):
         assert lowered("ours") == [ANY]
+
+
+def test_lowering_wrapper_takes_maxnreg_into_the_ptx():
+    """Triton's ``maxnreg`` option (``config.triton_fp8_register_cap``) never reaches jax-triton's
+    lowering (which would take it for a kernel argument): the wrapper takes it out and writes
+    it into our kernel's PTX, with the image or (switched off) without; where it cannot, the
+    lowering raises instead of launching uncapped."""
+    import jax
+    import jax.numpy as jnp
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    prim = Primitive("qsa_test_triton_kernel_call_maxnreg")
+    prim.def_abstract_eval(lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype))
+    state = {"enabled": True, "proto": _proto_with_ptx(SMALL_PTX)}
+
+    def original(ctx, x, *, fn, enable_fp_fusion, grid):  # no maxnreg: jax-triton's has none
+        return jax.ffi.ffi_lowering("qsa_test_target", api_version=2,
+                                    backend_config=zlib.compress(state["proto"]))(ctx, x)
+
+    assembled = []
+    mlir.register_lowering(prim, T.with_images(original, enabled=lambda: state["enabled"],
+                                               assemble=lambda ptx, cc, fusion: assembled.append(ptx) or b"ELF",
+                                               ours=lambda fn: fn == "ours"), platform="cpu")
+
+    def lowered(**params):
+        f = jax.jit(lambda x: prim.bind(x, fn="ours", enable_fp_fusion=True, grid=(1, 1, 1), **params))
+        return [T.kernel_fields(p) for p in _custom_call_protos(f.lower(jnp.ones(4)).compiler_ir("stablehlo"))]
+
+    capped = T.with_max_registers(SMALL_PTX, 200)
+    [fields] = lowered(maxnreg=200)
+    assert fields[T.KERNEL_PTX] == capped.encode() and assembled == [capped]
+    state["enabled"] = False
+    [fields] = lowered(maxnreg=200)
+    assert fields[T.KERNEL_PTX] == capped.encode() and T.KERNEL_MODULE_IMAGE not in fields
+    [fields] = lowered()
+    assert fields[T.KERNEL_PTX] == SMALL_PTX.encode()
+    state["proto"] = ANY  # its PTX ("P") has no entry to cap
+    with pytest.raises(RuntimeError, match="maxnreg=200 could not be put"):
+        lowered(maxnreg=200)
 
 
 def test_registered_rule_reads_jaxs_lowering_registry():

@@ -14,7 +14,9 @@ call picks itself (``config.H200_FP8`` on an H200). Each ``--knob NAME`` (``A+B`
 together; the option repeats) adds a run of every Pallas config with those
 ``qsa_jax.config`` functions forced True and the other knobs named forced False, after
 the run with all of them False; each is checked bit for bit against that first run
-(the knobs' contract) besides its error from exact attention. ``--impl`` (session 8): the
+(the knobs' contract) besides its error from exact attention. Session 35: ``NAME=VALUE`` forces
+a knob that returns a number (``triton_fp8_register_cap=224``) to that integer, and to None
+in the runs that do not name it. ``--impl`` (session 8): the
 implementation timed -- ``pallas`` (default), ``triton`` (jax-triton; a tiling may add the
 merge's D chunk and warps, ``32/4/1/2/256/2``) or ``auto`` (``table`` only:
 ``implementation=None``, the library's own choice). Session 9: ``--prefill`` passes
@@ -42,7 +44,8 @@ def main() -> int:
     ap.add_argument("--programs", default="256,1024,2048")
     ap.add_argument("--geometries", default="TP1,TP4")
     ap.add_argument("--configs", default="table", help="'table' or block_n/splits/warps/stages, comma-separated")
-    ap.add_argument("--knob", action="append", default=[], help="qsa_jax.config function(s) to switch on, A+B")
+    ap.add_argument("--knob", action="append", default=[],
+                    help="qsa_jax.config function(s) to switch on, A+B; NAME=VALUE forces an integer")
     ap.add_argument("--n-sets", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--impl", default="pallas", choices=("pallas", "triton", "auto"),
@@ -93,7 +96,8 @@ def main() -> int:
         pools[name] = (geo,) + inputs.make_pool(geo, gpu=True, seed=11 + len(pools),
                                                   fp8=a.kv_dtype == "fp8")
     knob_sets = [()] + [tuple(k.split("+")) for k in a.knob]
-    knobs = sorted({name for ks in knob_sets for name in ks})
+    forced = knob_values(knob_sets)
+    knobs = sorted({name for values in forced for name in values})
     for name in knobs:
         if not callable(getattr(config, name, None)):
             raise ValueError(f"--knob {name}: no such function in qsa_jax.config")
@@ -155,10 +159,10 @@ def main() -> int:
                     v = hs.Variant(block_n=bn, splits=splits, warps=warps, stages=2)
                 outs = {}
                 key = f"table({a.impl})" if v is None else f"{a.impl} {spec}"
-                for knob_set in knob_sets:
+                for knob_set, values in zip(knob_sets, forced):
                     knob = "+".join(knob_set) or "off"
                     for name in knobs:
-                        setattr(config, name, lambda *args, _k=name in knob_set, **kw: _k)
+                        setattr(config, name, lambda *args, _k=values.get(name, False), **kw: _k)
                     jitted_call.clear_cache()  # the knobs are read while the call is traced
                     if a.impl != "pallas":  # and into the jax-triton launch plans
                         jax_triton_plans.cache_clear()
@@ -194,6 +198,28 @@ def main() -> int:
             results.append(line)
             records.dump_json(a.out, "ab.json", results)
     return 0
+
+
+def knob_values(knob_sets) -> list[dict]:
+    """Per knob set, the value each named ``qsa_jax.config`` function is forced to return: True
+    for ``NAME``, the integer for ``NAME=VALUE``; a knob a set does not name returns False there
+    (None for a numeric one: a number's knob takes any false value for "not set")."""
+    from qsa_jax import config
+
+    out = []
+    for knob_set in knob_sets:
+        values = {}
+        for item in knob_set:
+            name, _, value = item.partition("=")
+            if not callable(getattr(config, name, None)):
+                raise ValueError(f"--knob {item}: no such function in qsa_jax.config")
+            values[name] = int(value) if value else True
+        out.append(values)
+    numeric = {name for values in out for name, v in values.items() if v is not True}
+    for values in out:
+        for name in numeric:
+            values.setdefault(name, None)
+    return out
 
 
 if __name__ == "__main__":

@@ -136,23 +136,52 @@ def kernel_fields(call_proto: bytes) -> dict[int, object] | None:
     return {n: v for n, v, _ in _fields(call[CALL_KERNEL])}
 
 
-def with_image(call_proto: bytes, assemble: Callable[[str, int], bytes]) -> bytes | None:
+def with_image(call_proto: bytes, assemble: Callable[[str, int], bytes] | None,
+               max_registers: int | None = None) -> bytes | None:
     """``call_proto`` (a serialized ``TritonAnyKernelCall``) with ``assemble(ptx, capability)``
-    as its kernel's module image; None when there is nothing to do: an autotuned call (several
-    kernels; none of this package's), or a kernel that already carries an image."""
+    as its kernel's module image (none when ``assemble`` is None), after ``max_registers``
+    (when given) has gone into the kernel's PTX as a ``.maxnreg`` directive; None when there is
+    nothing to do: an autotuned call (several kernels; none of this package's), or a kernel that
+    already carries an image. The PTX field is replaced too, so jaxlib (which keys its loaded
+    modules by the PTX) keeps a capped and an uncapped kernel apart in one process."""
 
     def edit_kernel(kernel: bytes) -> bytes | None:
         fields = {n: v for n, v, _ in _fields(kernel)}
         if KERNEL_MODULE_IMAGE in fields or not isinstance(fields.get(KERNEL_PTX), bytes):
             return None
+        ptx = fields[KERNEL_PTX].decode()
+        if max_registers:
+            ptx = with_max_registers(ptx, max_registers)
+            kernel = _replace(kernel, KERNEL_PTX, lambda _: ptx.encode())
+        if assemble is None:
+            return kernel if max_registers else None
         name = fields.get(KERNEL_NAME, b"")
-        image = (_len_field(IMAGE_OBJECT_FILE, assemble(fields[KERNEL_PTX].decode(), fields.get(KERNEL_CAPABILITY, 0)))
+        image = (_len_field(IMAGE_OBJECT_FILE, assemble(ptx, fields.get(KERNEL_CAPABILITY, 0)))
                  + _len_field(IMAGE_KERNEL_NAME, name)
                  + _varint_field(IMAGE_SHARED_MEM, fields.get(KERNEL_SHARED_MEM, 0)))
         # A message field may appear after the others: a parser takes fields in any order.
         return kernel + _len_field(KERNEL_MODULE_IMAGE, image)
 
     return _replace(call_proto, ANY_KERNEL_CALL, lambda call: _replace(call, CALL_KERNEL, edit_kernel))
+
+
+def with_max_registers(ptx: str, count: int) -> str:
+    """``ptx`` (one kernel entry) with ``.maxnreg count`` among its entry's performance
+    directives, where Triton's own ``maxnreg`` option puts it (after ``.reqntid``, before the
+    body's brace); an existing ``.maxnreg`` there is replaced. ptxas then allocates at most
+    ``count`` registers per thread, spilling the rest."""
+    import re
+
+    if not 16 <= count <= 255:  # ptxas's range on sm_90
+        raise ValueError(f"max_registers={count}: ptxas takes 16-255 registers per thread")
+    entries = [m.start() for m in re.finditer(r"\.entry\s", ptx)]
+    if len(entries) != 1:
+        raise ValueError(f"expected one .entry in the PTX, found {len(entries)}")
+    body = ptx.index("{", entries[0])
+    header = re.sub(r"\n\.maxnreg \d+", "", ptx[entries[0]:body])
+    if not header.endswith("\n"):
+        header += "\n"
+    return ptx[:entries[0]] + header + f".maxnreg {count}\n" + ptx[body:]
 
 
 # ---------------------------------------------------------------------------- the assembler
@@ -212,23 +241,38 @@ def with_images(original: Callable, *, enabled: Callable[[], bool], assemble: Ca
     module reads) leaves the custom call as ``original`` made it, with a warning: jaxlib then
     assembles the PTX, as it does without this module. jaxlib caches an image by kernel name,
     shared memory, PTX and capability (not by the flags that made it), so the first image a
-    process loads for a PTX is the one it keeps."""
+    process loads for a PTX is the one it keeps.
+
+    A ``maxnreg`` parameter (Triton's launch option, which jax-triton does not know) is taken
+    out before ``original`` sees it and written into the PTX (``with_max_registers``), with or
+    without the image; where that fails the lowering raises rather than launch without it."""
     from jax.interpreters.mlir import ir
 
     def lowering(ctx, *args, fn, enable_fp_fusion=True, **params):
+        # Triton's maxnreg launch option (config.triton_fp8_register_cap): jax-triton would take it
+        # for a kernel argument, so it goes into the PTX here instead.
+        max_registers = params.pop("maxnreg", None) if ours(fn) else None
         results = original(ctx, *args, fn=fn, enable_fp_fusion=enable_fp_fusion, **params)
-        if not (ours(fn) and enabled()):
+        images = ours(fn) and enabled()
+        if not (images or max_registers):
             return results
         try:
             owner = results[0].owner
             op = getattr(owner, "operation", owner)
             proto = zlib.decompress(ir.StringAttr(op.attributes["backend_config"]).value_bytes)
             assembler = assemble or assemble_like_triton
-            patched = with_image(proto, lambda ptx, cc: assembler(ptx, cc, enable_fp_fusion))
+            patched = with_image(proto, (lambda ptx, cc: assembler(ptx, cc, enable_fp_fusion)) if images else None,
+                                 max_registers)
         except Exception as exc:
+            if max_registers:  # the caller asked for the cap: no silent launch without it
+                raise RuntimeError(f"qsa_jax: {getattr(fn, '__name__', fn)}: maxnreg={max_registers} could not be "
+                                   f"put into its PTX ({type(exc).__name__}: {exc})") from exc
             warnings.warn(f"qsa_jax: {getattr(fn, '__name__', fn)} keeps jaxlib's own assembly of its PTX: "
                           f"{type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
             return results
+        if patched is None and max_registers:
+            raise RuntimeError(f"qsa_jax: {getattr(fn, '__name__', fn)}: maxnreg={max_registers} could not be put "
+                               "into its PTX (an autotuned call, or a kernel that already carries an image)")
         if patched is not None:
             op.attributes["backend_config"] = ir.StringAttr.get(zlib.compress(patched))
         return results

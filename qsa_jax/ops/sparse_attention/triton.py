@@ -54,7 +54,9 @@ class LaunchPlan:
     split_grid: tuple[int, int, int]
     # rows, requests - 1 (the largest valid request id: triton_kernels says why), pages
     split_scalars: tuple[int, int, int]
-    split_meta: tuple[tuple[str, object], ...]  # constexprs, num_warps and num_stages
+    # constexprs, num_warps and num_stages (and Triton's maxnreg where
+    # config.triton_fp8_register_cap sets one: jax-triton's launch takes it through _triton_images)
+    split_meta: tuple[tuple[str, object], ...]
     split_kernel: str  # "triton" (triton_kernels) or "gluon" (gluon_kernels; fp8 at one warp)
     out_shapes: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per output
     merge_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the result
@@ -101,6 +103,9 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
             KV_BYTES=p.kv_format == "e4m3_bytes", V_F16_STAGED=p.is_fp8 and config.triton_fp8_values_f16_staged(),
             LAZY_RESCALE=lazy,
             **common)
+        cap = p.is_fp8 and launch.num_warps == 1 and config.triton_fp8_register_cap()
+        if cap:  # a launch option, not a kernel argument: Triton's ``maxnreg``, read by both launchers
+            split_meta["maxnreg"] = int(cap)
     scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:
         return LaunchPlan((rows, kv.num_kv_heads, 1), scalars, tuple(split_meta.items()), split_kernel,
@@ -160,6 +165,13 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
         from qsa_jax.ops import _gluon_support
 
         _gluon_support.install()  # jax-triton builds Gluon kernels only through this
+    if "maxnreg" in split_meta:
+        from qsa_jax.ops import _triton_images
+
+        reason = _triton_images.unavailable_reason()  # the hook that carries maxnreg into the PTX
+        if reason is not None:
+            raise RuntimeError(f"config.triton_fp8_register_cap() = {split_meta['maxnreg']} needs the jax-triton "
+                               f"lowering hook of qsa_jax.ops._triton_images, which is not in place: {reason}")
     partial, lse = _jt.triton_call(
         # Without scales the kernel never reads scale_ptr: any array fills the slot.
         q, k_arr, v_arr, logical_indices, block_table, token_to_req, gate,
