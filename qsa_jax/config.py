@@ -81,6 +81,11 @@ class Tiling(NamedTuple):
     # and Pallas's own winner there used other warps (it then still runs when that
     # implementation cannot, or is named); None: ``warps``.
     pallas_warps: int | None = None
+    # Likewise the Pallas kernel's split count (``pallas_tiling``), where the entry's count fills
+    # a wave of the one-warp jax-triton kernel and Pallas, at its own warps, measured faster at
+    # another; None: ``splits``. Unlike the warps it changes the rounding: Pallas then sums
+    # other splits than jax-triton (both within the accuracy contract).
+    pallas_splits: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,12 +209,31 @@ H200_FP8 = _table("h200-fp8-measured",
                    # and with it the shim's default route for fp8 (triton-torch), ran at 1.19-1.31x
                    # of 0.34.0; at one warp (0.34.0's own tiling) jax-triton ran 0.99 / 0.91x
                    # (TP1 / TP4) against Pallas's 0.95 / 1.00x at 2 warps, which Pallas keeps.
-                   (32, (32, 16, 1, 2, "triton", 2)),
-                   # 33-128: the Pallas sweep's winners were these tilings at 2 warps
-                   # (1 warp spills in Pallas, session 8), which Pallas keeps.
-                   (64, (32, 8, 1, 2, "triton", 2)), (128, (32, 4, 1, 2, "triton", 2)),
-                   (256, (32, 4, 1, 2, "triton")),
-                   (512, (32, 4, 1, 2, "triton")),
+                   # 25-528 (session 35, H100, bench/results/nvidia-h100_2026-12-07/session35/
+                   # call_d/, call_e/): the split count that fills one wave of the one-warp kernel
+                   # without starting a second. Its 255 registers leave 8 programs per SM, 1056 on
+                   # 132 SMs, so at P programs the count is the largest of 16 / 8 / 6 / 4 / 3 / 2
+                   # with count x P <= 1056 (the power-of-two buckets before it had 16 / 8 / 4 / 4 / 4
+                   # splits, filling a quarter to half a wave at the bottom of each bucket and
+                   # 1.5-1.9 waves at the top of 257-512). Measured at 64-512 programs, TP1 and TP4,
+                   # 2-16 splits beside 0.34.0: this count was the fastest or within 2.7% of it in
+                   # all 20 cases (the exact floor(1056 / P), where it is 5, 7 or 10, by at most
+                   # 2.7%: not worth three more kernels to compile), 2-23% faster than the buckets'
+                   # counts wherever they differ (TP1 300 programs 174.9 -> 137.1 us), and it takes
+                   # the buckets' 1.07-1.10x of 0.34.0 at 132 programs to 0.97-1.01x. A count whose
+                   # grid spills into a second wave ran 13-48% slower (3 at 396, 6 at 200, 8 at 140).
+                   # The same error from exact attention (2.32-2.36e-3 at every count). Pallas
+                   # (where jax-triton is missing, or named) keeps its own sweep's 2 warps to 132
+                   # programs (1 warp spills in Pallas, session 8) and there its sweep's split
+                   # counts (``pallas_splits``: 8 at 33-66, 4 at 67-132): at 2 warps the
+                   # wave-filling counts ran 7-11% slower than those (call_f/pallas/: 64, 100 and
+                   # 132 programs, TP1 and TP4). From 133 programs Pallas runs one warp, and there
+                   # the wave-filling counts were its fastest too (call_g/pallas/: 6 splits at 150
+                   # and 170 programs 16-20% faster than 4, 3 at 300 programs 20% faster than 2).
+                   (32, (32, 16, 1, 2, "triton", 2)), (66, (32, 16, 1, 2, "triton", 2, 8)),
+                   (132, (32, 8, 1, 2, "triton", 2, 4)),
+                   (176, (32, 6, 1, 2, "triton")), (264, (32, 4, 1, 2, "triton")),
+                   (352, (32, 3, 1, 2, "triton")),
                    # 513-2048 programs and the large-batch entry (use_prefill_config takes it too)
                    # were 2 splits until session 21: the Pallas sweep's winner, kept when jax-triton
                    # took the entries, and 1.05x of 0.34.0's prefill tiling there (session 9).
@@ -597,6 +621,18 @@ def triton_tiling(problem: "SparseAttentionProblem") -> SparseAttentionConfig:
     if problem.config_explicit or not running_on_hopper() or measured_entry(problem) is None:
         return problem.config
     return tune_config_for_hopper(problem.config, problem.num_rows, problem.num_kv_heads)
+
+
+def pallas_tiling(problem: "SparseAttentionProblem") -> SparseAttentionConfig:
+    """The tiling the Pallas implementation launches: ``problem.config``, except where it came
+    from the library's measured table and the entry names Pallas's own split count
+    (``Tiling.pallas_splits``: bands whose count fills a wave of the one-warp jax-triton kernel,
+    where Pallas at its own warps measured faster at the bucket's count; session 35). Capped at
+    the tile count, as ``select_config`` caps."""
+    entry = None if problem.config_explicit else measured_entry(problem)
+    if entry is None or entry.pallas_splits is None:
+        return problem.config
+    return problem.config._replace(num_splits=min(entry.pallas_splits, problem.config.num_tiles))
 
 
 def sparse_attention_order(problem: "SparseAttentionProblem", launch_implementation: str | None = None

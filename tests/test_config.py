@@ -102,10 +102,11 @@ H200_SWEEPS = Path(__file__).resolve().parents[1] / "bench" / "results" / "nvidi
 # vLLM 0.34.0 timed in the same process (tools/fp8_kernel_ab.py): "ab_t" explicit tilings,
 # "ab_a" the library's choice before. (folder, the ab_t specs that count -- None: all --, the
 # programs that count). Session 11 counts 0.34.0's own tiling with the index prefetch off
-# ("original-np"), which is how the jax-triton kernels launch since then.
+# ("original-np"), which is how the jax-triton kernels launch since then; its programs (64, 128,
+# 512) took session 35's wave-filling split counts since (SM90_ONE_FILE_AB), so it counts none now.
 _RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "nvidia-h200_2026-12-04"
 H200_TRITON_AB = {True: [(_RESULTS / "session10" / "fp8_small_programs", None, None),
-                         (_RESULTS / "session11" / "call_a" / "fp8_original_tiling", {"original-np"}, {64, 128, 512})],
+                         (_RESULTS / "session11" / "call_a" / "fp8_original_tiling", {"original-np"}, set())],
                   False: []}
 
 
@@ -127,6 +128,10 @@ _SESSION25 = _SESSION21.parents[1] / "nvidia-h100_2026-12-06" / "session25"
 # Session 26 (the same H100 model), after the change: the band's other end, 6 programs, the new
 # entry (its "table(pallas)" run) against the old.
 _SESSION26 = _SESSION25.parent / "session26"
+# Session 35 (an H100): the fp8 table's 25-528-program bands at the split count that fills one
+# wave of the one-warp kernel (calls d and e: 2-16 splits at 64-512 programs; call f: 8 and 16
+# at 40 and 48), each file's programs against the entry they had before.
+_SESSION35 = _SESSION25.parents[1] / "nvidia-h100_2026-12-07" / "session35"
 # The single-file A/Bs behind sm_90 entries, per is_fp8: (file, the ``Tiling.implementation`` its
 # explicit runs count as -- "triton" for jax-triton runs, None for Pallas's, which the bf16 table
 # names by leaving it unset --, the table's entry when its "table(...)" run recorded none, the
@@ -141,7 +146,13 @@ SM90_ONE_FILE_AB = {
            # session 26 call g: the 25-32-program entry at one warp against the Pallas-measured
            # one at 2 warps, both through jax-triton (24 programs: the 5-24 entry stands)
            (_SESSION26 / "call_g" / "ab32_triton" / "ab.json", "triton", None, {32},
-            cfgmod.Tiling(32, 16, 2, 2))],
+            cfgmod.Tiling(32, 16, 2, 2)),
+           (_SESSION35 / "call_f" / "low" / "ab.json", "triton", None, {40, 48}, cfgmod.Tiling(32, 8, 1, 2, "triton")),
+           (_SESSION35 / "call_e" / "ab.json", "triton", None, {64}, cfgmod.Tiling(32, 8, 1, 2, "triton")),
+           (_SESSION35 / "call_e" / "ab.json", "triton", None, {100, 128, 140, 170, 300},
+            cfgmod.Tiling(32, 4, 1, 2, "triton")),
+           (_SESSION35 / "call_d" / "ab.json", "triton", None, {132, 200, 396, 512},
+            cfgmod.Tiling(32, 4, 1, 2, "triton"))],
     False: [(_SESSION25 / "call_b" / "bf16_ab_pallas" / "ab.json", None, None, {8}, cfgmod.Tiling(64, 32, 4, 2)),
             (_SESSION26 / "call_a" / "bf16_ab_6" / "ab.json", None, None, None, cfgmod.Tiling(64, 32, 4, 2))],
 }
@@ -226,7 +237,8 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
     band = lambda programs: next((b for b, _ in table.bands if programs <= b), None)  # noqa: E731
     for folder, specs, counted in H200_TRITON_AB[is_fp8]:
         for programs, by_geometry in _ab_evidence(folder, specs, counted).items():
-            got = cfgmod.table_tiling(programs, False, is_fp8=is_fp8, capability=(9, 0))._replace(pallas_warps=None)
+            got = cfgmod.table_tiling(programs, False, is_fp8=is_fp8, capability=(9, 0))._replace(
+                pallas_warps=None, pallas_splits=None)
             for geometry, (times, before) in by_geometry.items():
                 assert got in times, (programs, geometry, got, sorted(times))
                 assert times[got] <= 1.05 * min(times.values()) and times[got] < before, \
@@ -240,7 +252,7 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
             flags = {prefill, False} if programs > cfgmod.LARGE_BATCH_PROGRAMS else {prefill}
             for flag in flags:
                 got = cfgmod.table_tiling(programs, flag, is_fp8=is_fp8, capability=(9, 0))._replace(
-                    pallas_warps=None)
+                    pallas_warps=None, pallas_splits=None)
                 where = (path.parent.name, programs, geometry, flag)
                 assert got in times, (where, got, sorted(times))
                 assert times[got] <= 1.05 * min(times.values()), (where, times)
@@ -254,14 +266,39 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
             w = bucket["winner"]
             got = cfgmod.table_tiling(bucket["programs"], False, is_fp8=is_fp8, capability=(9, 0))
             if band(bucket["programs"]) in ab_bands:
-                # replaced by an A/B above; Pallas keeps its own winner's warps there
+                # replaced by an A/B above; Pallas keeps its own winner's warps (and splits) there
                 if got.pallas_warps is not None:
-                    assert (got.block_n, got.splits, got.stages, got.pallas_warps) == (
+                    assert (got.block_n, got.pallas_splits or got.splits, got.stages, got.pallas_warps) == (
                         w["block_n"], w["splits"], w["stages"], w["warps"]), (name, bucket["programs"])
                 continue
             assert got[:4] == (w["block_n"], w["splits"], w["warps"], w["stages"]), (name, bucket["programs"])
             reached.add(band(bucket["programs"]))
     assert reached >= {b for b, _ in table.bands}, sorted({b for b, _ in table.bands} - reached)
+
+
+def test_pallas_splits_are_pallas_own_measured_counts():
+    """Session 35's Pallas A/Bs at the fp8 table's wave-filling bands (calls f and g): at every
+    count of programs and geometry timed, Pallas at its own launch of the entry -- its
+    ``pallas_splits`` or the entry's splits, its ``pallas_warps`` or the entry's warps -- was
+    within 5% of the fastest Pallas tiling timed there; where the entry names ``pallas_splits``,
+    Pallas at the entry's jax-triton count was more than 5% slower (else the override would
+    not be needed); and every band that names ``pallas_splits`` was timed so."""
+    table = cfgmod.H200_FP8
+    band = lambda programs: next(b for b, _ in table.bands if programs <= b)  # noqa: E731
+    timed = set()
+    for call in ("call_f", "call_g"):
+        for rec in json.loads((_SESSION35 / call / "pallas" / "ab.json").read_text()):
+            entry = table.pick(rec["programs"], False)
+            times = {(v["block_n"], v["splits"], v["warps"], v["stages"]): run["timing"]["busy_us"]
+                     for run in rec["runs"] for v in [run["variant"]] if isinstance(v, dict) and run["knob"] == "off"}
+            own = (entry.block_n, entry.pallas_splits or entry.splits, entry.pallas_warps or entry.warps, entry.stages)
+            where = (call, rec["programs"], rec["geometry"], sorted(times.items()))
+            assert own in times and times[own] <= 1.05 * min(times.values()), where
+            if entry.pallas_splits is not None:
+                theirs = (own[0], entry.splits) + own[2:]
+                assert times[theirs] > 1.05 * times[own], where
+            timed.add(band(rec["programs"]))
+    assert {b for b, t in table.bands if t.pallas_splits is not None} <= timed
 
 
 def test_cpu_default_is_the_030_table():

@@ -789,7 +789,9 @@ POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}
 # the last band before one split). 32 rows adds TP2/TP4 at the 25-32-program one-warp entry
 # (session 26), which TP1 reaches at 16 rows. 12 rows are TP1's 288 (row, head) pairs, the last
 # that jax-triton's merge runs 64 columns on 1 warp (config.TRITON_MERGE_LAYOUTS, session 32).
-GPU_ROWS = (1, 2, 12, 16, 32, 64, 264, 2048)
+# 150 rows (session 35) are TP2/TP4's 150 programs (6 splits) and TP1's 300 (3 splits): the
+# wave-filling bands no other row count reaches.
+GPU_ROWS = (1, 2, 12, 16, 32, 64, 150, 264, 2048)
 SAMPLED_ROWS = 24  # rows per case compared with exact attention (float64 on the host)
 
 

@@ -380,3 +380,39 @@ def test_memcheck_shapes_reach_every_merge_layout(monkeypatch):
     for impl, layouts in (("pallas", config.PALLAS_MERGE_LAYOUTS), ("triton", config.TRITON_MERGE_LAYOUTS)):
         want = {(d, w) for _, d, w in layouts}
         assert want <= seen[impl], (impl, want - seen[impl])
+
+
+def test_pallas_keeps_its_own_splits_at_wave_filling_entries(monkeypatch):
+    """fp8 at 33-132 programs (session 35): the measured table's
+    split count fills one wave of the one-warp jax-triton kernel, but Pallas (without
+    jax-triton, or named) launches its own sweep's count there (``Tiling.pallas_splits``,
+    ``config.pallas_tiling``), and ``pallas.run`` hands its kernels that tiling; jax-triton
+    launches the entry's. An explicit ``config=``, vLLM's tables and bf16 keep one tiling."""
+    import jax.numpy as jnp
+
+    from qsa_jax import config
+    from qsa_jax.ops.sparse_attention import pallas as P
+
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    monkeypatch.setattr(config, "running_on_hopper", lambda: True)
+    # TP1 rows (2 KV heads): programs -> (jax-triton's splits, Pallas's)
+    for rows, triton_splits, pallas_splits in ((16, 16, 16), (20, 16, 8), (50, 8, 4), (66, 8, 4), (80, 6, 6),
+                                               (100, 4, 4), (150, 3, 3), (200, 2, 2), (264, 2, 2), (512, 1, 1)):
+        p = _problem(rows, jnp.float8_e4m3fn)
+        assert config.triton_tiling(p).num_splits == p.config.num_splits == triton_splits, rows
+        assert config.pallas_tiling(p).num_splits == pallas_splits, rows
+        assert config.pallas_tiling(p)._replace(num_splits=triton_splits) == p.config, rows
+    for p in (_problem(150, jnp.float8_e4m3fn, config=(32, 1, 65, 3)), _problem(150, jnp.bfloat16),
+              _problem(150, jnp.float8_e4m3fn, config="vllm-0.34")):
+        assert config.pallas_tiling(p) == p.config
+    seen = []
+
+    def split_kernel(p, *args, **kwargs):
+        seen.append(p.config)
+        raise RuntimeError("stop: the tiling is what this test checks")
+
+    monkeypatch.setattr(P, "split_kernel", split_kernel)
+    p = _problem(50, jnp.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="stop"):
+        P.run(p, None, None, None, None, None, None)
+    assert seen == [config.pallas_tiling(p)] and seen[0].num_splits == 4 != p.config.num_splits

@@ -41,6 +41,7 @@ Design choices (and why):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -48,7 +49,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from qsa_jax import config
-from qsa_jax.config import pallas_launch
+from qsa_jax.config import pallas_launch, pallas_tiling
 from qsa_jax.ops import _vma
 from qsa_jax.ops._pallas_support import interpret, next_pow2, pl, plgpu, why_not  # noqa: F401
 from qsa_jax.ops.sparse_attention.base import (
@@ -381,8 +382,10 @@ def run(problem: SparseAttentionProblem, q, kv_arrays, logical_indices, block_ta
     """bf16 [rows, H, D]; with ``residuals`` (for backward.py) also the ungated attention
     in bf16 [rows, H, D] and the merged base-2 LSE [rows, H] fp32, written by the same
     kernels as extra outputs (the gated output is computed exactly as without them).
-    Launched as ``config.pallas_launch(problem)`` says (``problem.launch`` overrides)."""
-    p = problem
+    Launched as ``config.pallas_launch(problem)`` says (``problem.launch`` overrides), at
+    ``config.pallas_tiling(problem)`` (Pallas's own split count where the measured table names one)."""
+    tiling = pallas_tiling(problem)
+    p = problem if tiling == problem.config else dataclasses.replace(problem, config=tiling)
     rows, heads, d = p.num_rows, p.num_query_heads, p.head_dim
     if rows == 0:
         out = jnp.zeros((0, heads, d), jnp.bfloat16)
