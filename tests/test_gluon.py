@@ -366,6 +366,10 @@ def test_register_cap_goes_into_one_warp_fp8_triton_plans_only(monkeypatch):
     for off in (None, 0):
         monkeypatch.setattr(cfgmod, "triton_fp8_register_cap", lambda off=off: off)
         assert "maxnreg" not in meta(_problem("TP1", 1024))[1]
+    for bad in (True, 8, 256, 200.0):  # a bare --knob (True) would be a cap of 1 register
+        monkeypatch.setattr(cfgmod, "triton_fp8_register_cap", lambda bad=bad: bad)
+        with pytest.raises(ValueError, match="16-255"):
+            meta(_problem("TP1", 1024))
     pytest.importorskip("torch")
     from qsa_torch_shim import _direct
 

@@ -274,6 +274,15 @@ def test_lowering_wrapper_takes_maxnreg_into_the_ptx():
     assert fields[T.KERNEL_PTX] == capped.encode() and T.KERNEL_MODULE_IMAGE not in fields
     [fields] = lowered()
     assert fields[T.KERNEL_PTX] == SMALL_PTX.encode()
+    # ptxas failing: the capped PTX alone (jaxlib assembles it), with a warning, never uncapped.
+    def failing(ptx, cc, fusion):
+        raise RuntimeError("Cannot find ptxas")
+
+    mlir.register_lowering(prim, T.with_images(original, enabled=lambda: True, assemble=failing,
+                                               ours=lambda fn: fn == "ours"), platform="cpu")
+    with pytest.warns(RuntimeWarning, match="capped PTX.*Cannot find ptxas"):
+        [fields] = lowered(maxnreg=200)
+    assert fields[T.KERNEL_PTX] == capped.encode() and T.KERNEL_MODULE_IMAGE not in fields
     state["proto"] = ANY  # its PTX ("P") has no entry to cap
     with pytest.raises(RuntimeError, match="maxnreg=200 could not be put"):
         lowered(maxnreg=200)

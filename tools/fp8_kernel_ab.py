@@ -180,11 +180,15 @@ def main() -> int:
                     rec = dict(variant=key if v is None else dict(dataclasses.asdict(v), spec=spec), knob=knob, timing=t,
                                err_exact=hs.rel_err(got, case.exact))
                     if v is None:  # the table entry this run started from (it changes between
-                        # sessions; select_config then caps the splits at the tiles, and Pallas may
-                        # launch the entry's pallas_warps): rows x KV heads, not --programs, which
-                        # an odd count at TP1 rounds down
-                        rec["table_tiling"] = list(config.table_tiling(rows * per_head, a.prefill,
-                                                                       is_fp8=a.kv_dtype == "fp8")[:5])
+                        # sessions; select_config then caps the splits at the tiles): rows x KV
+                        # heads, not --programs, which an odd count at TP1 rounds down. A Pallas
+                        # run records the splits and warps Pallas launches (pallas_splits /
+                        # pallas_warps; since session 35, before it the entry's own).
+                        entry = config.table_tiling(rows * per_head, a.prefill, is_fp8=a.kv_dtype == "fp8")
+                        if a.impl == "pallas":
+                            entry = entry._replace(splits=entry.pallas_splits or entry.splits,
+                                                   warps=entry.pallas_warps or entry.warps)
+                        rec["table_tiling"] = list(entry[:5])
                     line["runs"].append(rec)
                     kernels = ", ".join(f"{n[:40]} {us:.1f}" for n, us in sorted((t or {}).get("by_kernel", {}).items(),
                                                                                   key=lambda kv: -kv[1]))

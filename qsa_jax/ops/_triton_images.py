@@ -264,9 +264,18 @@ def with_images(original: Callable, *, enabled: Callable[[], bool], assemble: Ca
             patched = with_image(proto, (lambda ptx, cc: assembler(ptx, cc, enable_fp_fusion)) if images else None,
                                  max_registers)
         except Exception as exc:
-            if max_registers:  # the caller asked for the cap: no silent launch without it
-                raise RuntimeError(f"qsa_jax: {getattr(fn, '__name__', fn)}: maxnreg={max_registers} could not be "
-                                   f"put into its PTX ({type(exc).__name__}: {exc})") from exc
+            if max_registers:  # the caller asked for the cap: never a silent launch without it
+                try:  # the image failed (e.g. ptxas): the capped PTX alone, which jaxlib assembles
+                    patched = with_image(proto, None, max_registers)
+                    if patched is None:
+                        raise ValueError("an autotuned call, or a kernel that already carries an image")
+                except Exception as again:
+                    raise RuntimeError(f"qsa_jax: {getattr(fn, '__name__', fn)}: maxnreg={max_registers} could "
+                                       f"not be put into its PTX ({type(again).__name__}: {again})") from exc
+                warnings.warn(f"qsa_jax: {getattr(fn, '__name__', fn)} keeps jaxlib's own assembly of its capped "
+                              f"PTX: {type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
+                op.attributes["backend_config"] = ir.StringAttr.get(zlib.compress(patched))
+                return results
             warnings.warn(f"qsa_jax: {getattr(fn, '__name__', fn)} keeps jaxlib's own assembly of its PTX: "
                           f"{type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
             return results

@@ -105,7 +105,10 @@ def _launch_plan(problem: SparseAttentionProblem, capability) -> LaunchPlan:
             **common)
         cap = p.is_fp8 and launch.num_warps == 1 and config.triton_fp8_register_cap()
         if cap:  # a launch option, not a kernel argument: Triton's ``maxnreg``, read by both launchers
-            split_meta["maxnreg"] = int(cap)
+            if isinstance(cap, bool) or not isinstance(cap, int) or not 16 <= cap <= 255:
+                raise ValueError(f"config.triton_fp8_register_cap() must be None or an int in 16-255 (ptxas's "
+                                 f"range); got {cap!r}")
+            split_meta["maxnreg"] = cap
     scalars = (rows, p.num_requests - 1, kv.num_pages)
     if splits == 1:
         return LaunchPlan((rows, kv.num_kv_heads, 1), scalars, tuple(split_meta.items()), split_kernel,
