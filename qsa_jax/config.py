@@ -400,6 +400,9 @@ def select_config(
     ((major, minor), default: the current device's) and ``table`` pick the table:
     see ``table_tiling``. ``table="vllm-0.30"`` is exactly vLLM 0.30.0's
     ``_select_config``; ``table="vllm-0.34"`` is 0.34.0's for that capability.
+    On the measured tables an implementation may launch a refinement of it:
+    ``triton_tiling`` (the smallest batches' last tile) and ``pallas_tiling`` (Pallas's own
+    split count at the fp8 entries that name ``pallas_splits``).
     """
     for name, value in (("num_rows", num_rows), ("num_kv_heads", num_kv_heads), ("num_columns", num_columns)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool):

@@ -94,7 +94,9 @@ def warmup(
 
     Returns:
       Sorted distinct ``(block_n, num_splits, num_warps)`` profiles, as the
-      originals' warmup reports them.
+      originals' warmup reports them: the tilings ``select_config`` chose (on the measured
+      fp8 table Pallas launches its own split count at some of them, ``config.pallas_tiling``;
+      its kernels are compiled all the same, by the calls that report these).
     """
     if table is not None:
         if config is not None:
