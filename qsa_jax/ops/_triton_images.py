@@ -36,6 +36,7 @@ the launch.
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 import zlib
 from typing import Callable
@@ -170,8 +171,6 @@ def with_max_registers(ptx: str, count: int) -> str:
     directives, where Triton's own ``maxnreg`` option puts it (after ``.reqntid``, before the
     body's brace); an existing ``.maxnreg`` there is replaced. ptxas then allocates at most
     ``count`` registers per thread, spilling the rest."""
-    import re
-
     if not 16 <= count <= 255:  # ptxas's range on sm_90
         raise ValueError(f"max_registers={count}: ptxas takes 16-255 registers per thread")
     entries = [m.start() for m in re.finditer(r"\.entry\s", ptx)]
@@ -264,21 +263,21 @@ def with_images(original: Callable, *, enabled: Callable[[], bool], assemble: Ca
             patched = with_image(proto, (lambda ptx, cc: assembler(ptx, cc, enable_fp_fusion)) if images else None,
                                  max_registers)
         except Exception as exc:
-            if max_registers:  # the caller asked for the cap: never a silent launch without it
-                try:  # the image failed (e.g. ptxas): the capped PTX alone, which jaxlib assembles
-                    patched = with_image(proto, None, max_registers)
-                    if patched is None:
-                        raise ValueError("an autotuned call, or a kernel that already carries an image")
-                except Exception as again:
-                    raise RuntimeError(f"qsa_jax: {getattr(fn, '__name__', fn)}: maxnreg={max_registers} could "
-                                       f"not be put into its PTX ({type(again).__name__}: {again})") from exc
-                warnings.warn(f"qsa_jax: {getattr(fn, '__name__', fn)} keeps jaxlib's own assembly of its capped "
-                              f"PTX: {type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
-                op.attributes["backend_config"] = ir.StringAttr.get(zlib.compress(patched))
+            name = getattr(fn, "__name__", fn)
+            if not max_registers:
+                warnings.warn(f"qsa_jax: {name} keeps jaxlib's own assembly of its PTX: "
+                              f"{type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
                 return results
-            warnings.warn(f"qsa_jax: {getattr(fn, '__name__', fn)} keeps jaxlib's own assembly of its PTX: "
-                          f"{type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
-            return results
+            # The cap was asked for: never a silent launch without it. Where the image failed
+            # (e.g. ptxas), the capped PTX alone, which jaxlib assembles.
+            try:
+                patched = with_image(proto, None, max_registers)
+            except Exception as again:
+                raise RuntimeError(f"qsa_jax: {name}: maxnreg={max_registers} could not be put into its PTX "
+                                   f"({type(again).__name__}: {again})") from exc
+            if patched is not None:
+                warnings.warn(f"qsa_jax: {name} keeps jaxlib's own assembly of its capped PTX: "
+                              f"{type(exc).__name__}: {str(exc)[:500]}", RuntimeWarning, stacklevel=2)
         if patched is None and max_registers:
             raise RuntimeError(f"qsa_jax: {getattr(fn, '__name__', fn)}: maxnreg={max_registers} could not be put "
                                "into its PTX (an autotuned call, or a kernel that already carries an image)")
