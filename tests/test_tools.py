@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("part, launches", [("indexer", 3), ("sparse0", 4), ("fp8", 8), ("fused", 2),
+@pytest.mark.parametrize("part, launches", [("indexer", 3), ("sparse0", 4), ("fp8", 16), ("fused", 2),
                                              ("backward", 2), ("backward_fp8", 4)])
 def test_memcheck_driver_part_agrees_on_cpu(part, launches):
     """tools/memcheck.py --part runs its adversarial cases (Pallas in interpret mode) and every
