@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Session 36, call d (carry .whl .cache/originals; <= 560 s), whichever card comes. The bf16 table's new
+# Session 36, call d (carry .whl .cache/originals; <= 360 s), whichever card comes. The bf16 table's new
 # bands (config.H200_BF16 from calls a and c: 3 splits at 529-660 programs, 2 at 661-792) before they land.
-# 0. On an H200 only: tools/sessions/gpu_next_m.sh (the roofline and the Gluon A/B owed there; ~300 s).
 # 1. The table's launch (Pallas) beside its old one (one split) and 0.34.0 at both ends of each new band
 #    and just past it: 540, 600, 660, 670, 720, 792, 800 programs, TP1 and TP4.
 #    Prediction: the table at <= 0.96x of 0.34.0 everywhere; 8-15% faster than one split at 540-660,
@@ -11,8 +10,6 @@
 #    Prediction: 6 passed.
 source tools/gpu_env.sh > /dev/null
 set -o pipefail
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-[[ "$card" == *H200* ]] && bash tools/sessions/gpu_next_m.sh 2>&1 | tail -40
 timeout -k 5 -s INT 150 python3 tools/fp8_kernel_ab.py --kv-dtype bf16 --impl pallas \
   --configs table,32/1/2/3 --programs 540,600,660,670,720,792,800 --geometries TP1,TP4 \
   --runs 2 --n-sets 6 --out "$OUT/bf16" > "$OUT/bf16.log" 2>&1
