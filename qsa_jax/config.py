@@ -175,17 +175,18 @@ VLLM_034_FP8_OVERRIDES: dict[tuple[int, int], dict[str, int]] = {(8, 0): dict(bl
 H200_BF16 = _table("h200-bf16-measured",
                    [(2, (32, 65, 4, 2)), (4, (64, 33, 8, 2)), (8, (64, 33, 2, 2)), (16, (16, 32, 4, 2)),
                     (32, (32, 16, 2, 2)), (64, (32, 8, 2, 3)), (128, (32, 4, 2, 3)), (256, (32, 2, 2, 3)),
-                    # 529-792 programs (session 36, H100, bench/results/nvidia-h100_2026-12-07/
-                    # session36/call_a/, call_c/): the kernel's 255 registers at 2 warps leave 4
-                    # programs per SM, 528 per wave on 132 SMs, so one split just past 528 programs
-                    # starts a second wave that the few programs in it leave mostly idle: 1.04-1.13x
-                    # of 0.34.0 at 544-648 programs, where 3 splits (smaller programs, a tail a third
-                    # as long) ran 0.89-0.96x. As the second wave fills, fewer splits win: 3 to 1.25
-                    # waves (660 programs), 2 to 1.5 (792), one from 800 again. Timed at 300-1056
-                    # programs, TP1 and TP4, 1-4 splits: each count here within 1.2% of the fastest
-                    # wherever it applies (4 splits by 0.7-1.2% at 544 programs), the error from exact
-                    # attention a little lower (2.73-2.77e-3 against one split's 2.78-2.82e-3: fewer
-                    # roundings of partial sums). Measured on an H100; the wave count is the H200's too.
+                    # 529-660 programs: 3 splits, 661-792: 2, one split again from 793 (session 36, H100,
+                    # bench/results/nvidia-h100_2026-12-07/session36/call_a/, call_c/). Why: the kernel's
+                    # 255 registers at 2 warps leave 4 programs per SM, 528 per wave on 132 SMs, so one
+                    # split just past 528 programs puts a few full-length programs in a second wave of
+                    # their own: 1.03-1.13x of 0.34.0 at 544-648 programs, 1.00x at 672. Three splits
+                    # make every program a third as long and so the idle tail a third as long (0.89-0.96x
+                    # there); as the second wave fills, fewer splits win. Timed at 300-1056 programs,
+                    # TP1 and TP4, 1-4 splits: in 529-792 each count here within 1.3% of the fastest
+                    # (4 splits that much faster at 544-600); below 528 one split within 3% (3 splits
+                    # faster by 2-3% at 300). The error from exact attention a little lower (2.73-2.80e-3
+                    # against one split's 2.76-2.82e-3: fewer roundings of partial sums). Measured on an
+                    # H100; the H200 has the same waves (132 SMs, the same registers) but more bandwidth.
                     (528, (32, 1, 2, 3)), (660, (32, 3, 2, 3)), (792, (32, 2, 2, 3)),
                     (2048, (32, 1, 2, 3))],
                    large_decode=(64, 1, 2, 2))

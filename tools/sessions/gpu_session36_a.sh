@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 36, call a (carry .whl .cache/originals; <= 560 s), whichever card comes.
 # 1. On an H200 only: tools/sessions/gpu_next_m.sh (the gather roofline, the Gluon A/B; ~300 s).
-# 2. The bf16 split sweep of gpu_next_n.sh (session 35's lead, call h: the bf16 table's one split from
+# 2. The bf16 split sweep written as gpu_next_n.sh in session 35 (its call h: the bf16 table's one split from
 #    257 programs ran 1.08x of 0.34.0 at 600 TP1 programs, 3-4 splits 13% faster), widened to 300 programs
 #    and, where the card leaves time (not after step 1), TP4. Pallas at 32-token tiles, 2 warps, 3 stages
 #    (the table's launch; 4 programs per SM by registers, 528 per wave), 1-4 splits beside 0.34.0.
