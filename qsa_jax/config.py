@@ -87,6 +87,11 @@ class Tiling(NamedTuple):
     # other splits than jax-triton (both within the accuracy contract).
     pallas_splits: int | None = None
 
+    def as_pallas_launches(self) -> "Tiling":
+        """This entry as the Pallas kernel launches it: its ``pallas_splits`` and ``pallas_warps``
+        where it names them (``pallas_tiling``, ``pallas_launch``)."""
+        return self._replace(splits=self.pallas_splits or self.splits, warps=self.pallas_warps or self.warps)
+
 
 @dataclasses.dataclass(frozen=True)
 class TilingTable:

@@ -275,8 +275,8 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
             if band(bucket["programs"]) in ab_bands:
                 # replaced by an A/B above; Pallas keeps its own winner's warps (and splits) there
                 if got.pallas_warps is not None:
-                    assert (got.block_n, got.pallas_splits or got.splits, got.stages, got.pallas_warps) == (
-                        w["block_n"], w["splits"], w["stages"], w["warps"]), (name, bucket["programs"])
+                    assert got.as_pallas_launches()[:4] == (w["block_n"], w["splits"], w["warps"], w["stages"]), \
+                        (name, bucket["programs"])
                 continue
             assert got[:4] == (w["block_n"], w["splits"], w["warps"], w["stages"]), (name, bucket["programs"])
             reached.add(band(bucket["programs"]))
@@ -315,7 +315,7 @@ def test_pallas_splits_are_pallas_own_measured_counts():
             entry = table.pick(rec["programs"], False)
             times = {(v["block_n"], v["splits"], v["warps"], v["stages"]): run["timing"]["busy_us"]
                      for run in rec["runs"] for v in [run["variant"]] if isinstance(v, dict) and run["knob"] == "off"}
-            own = (entry.block_n, entry.pallas_splits or entry.splits, entry.pallas_warps or entry.warps, entry.stages)
+            own = entry.as_pallas_launches()[:4]
             where = (call, rec["programs"], rec["geometry"], sorted(times.items()))
             assert own in times and times[own] <= 1.05 * min(times.values()), where
             if entry.pallas_splits is not None:

@@ -183,8 +183,7 @@ def main() -> int:
                         # pallas_warps; since session 35, before it the entry's own).
                         entry = config.table_tiling(rows * per_head, a.prefill, is_fp8=a.kv_dtype == "fp8")
                         if a.impl == "pallas":
-                            entry = entry._replace(splits=entry.pallas_splits or entry.splits,
-                                                   warps=entry.pallas_warps or entry.warps)
+                            entry = entry.as_pallas_launches()
                         rec["table_tiling"] = list(entry[:5])
                     line["runs"].append(rec)
                     kernels = ", ".join(f"{n[:40]} {us:.1f}" for n, us in sorted((t or {}).get("by_kernel", {}).items(),
