@@ -13,7 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("part, launches", [("indexer", 3), ("sparse0", 4), ("fp8", 16), ("fused", 2),
-                                             ("backward", 2), ("backward_fp8", 4)])
+                                             ("backward", 2), ("backward_fp8", 4),
+                                             ("bf16_bands", 8)])
 def test_memcheck_driver_part_agrees_on_cpu(part, launches):
     """tools/memcheck.py --part runs its adversarial cases (Pallas in interpret mode) and every
     launch agrees with the XLA reference; the run must also report what it checked."""

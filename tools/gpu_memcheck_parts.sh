@@ -22,8 +22,8 @@ if [ -z "${NO_PLANT:-}" ]; then
 fi
 for impl in ${IMPLS:-pallas triton}; do
   parts="sparse0 sparse1 sparse2 sparse3 sparse4 indexer"
-  [ "$impl" = pallas ] && parts="$parts fp8 fused backward backward_fp8"  # extra parts (memcheck.py EXTRA_PART_IMPLS)
-  [ "$impl" = triton ] && parts="$parts fp8 fp8_gluon"
+  [ "$impl" = pallas ] && parts="$parts fp8 fused backward backward_fp8 bf16_bands"  # extra parts (memcheck.py EXTRA_PART_IMPLS)
+  [ "$impl" = triton ] && parts="$parts fp8 fp8_gluon bf16_bands"
   for part in ${PARTS:-$parts}; do
     log="$OUT/memcheck_${impl}_${part}.log"
     timeout "${PART_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 3 \

@@ -93,11 +93,15 @@ def _impls(op: str, only: str | None) -> list[str]:
 # one-warp tilings (32-wide with 2 splits, 16-wide with 1), V straight into registers and through
 # shared memory (config.triton_fp8_gluon_values_shared); each launch also checks that the plan
 # named the Gluon kernel.
-EXTRA_PARTS = ("fp8", "fused", "backward", "backward_fp8", "fp8_gluon")
+# bf16_bands (session 37): the sm_90 bf16 table's split counts past one wave of its 2-warp kernel
+# (session 36: 3 splits at 529-660 programs, 2 at 661-792) forced on these shapes, fused and split
+# caches: on W 2051 a split holds 22 or 33 tiles, on W 259 three or five, so a split's partial last
+# tile and the merge's masked rows are both exercised.
+EXTRA_PARTS = ("fp8", "fused", "backward", "backward_fp8", "fp8_gluon", "bf16_bands")
 # fp8 also through jax-triton (the fp8 default on Hopper where the table names it, sessions 8-10); the
-# fused merge and the backward exist in Pallas only.
+# fused merge and the backward exist in Pallas only; bf16_bands runs both (the table is shared).
 EXTRA_PART_IMPLS = {"fp8": ("pallas", "triton"), "fused": ("pallas",), "backward": ("pallas",),
-                    "backward_fp8": ("pallas",), "fp8_gluon": ("triton",)}
+                    "backward_fp8": ("pallas",), "fp8_gluon": ("triton",), "bf16_bands": ("pallas", "triton")}
 EXTRA_SHAPES = (0, 2)
 
 
@@ -157,6 +161,20 @@ def _extra_part(name, case, impl, args, results, label):
             config.triton_fp8_gluon_split, config.triton_fp8_gluon_values_shared = saved
             jitted.clear_cache()
             stri._launch_plan.cache_clear()
+    elif name == "bf16_bands":
+        from qsa_jax import config
+
+        width = case.logical_indices.shape[1] - 1
+        # 300 and 360 rows at 2 KV heads: 600 and 720 programs, one count inside each band.
+        forced = [config.select_config(rows, 2, False, width, False, capability=(9, 0)) for rows in (300, 360)]
+        assert [t.num_splits for t in forced] == [3, 2], forced  # the bands this part exists for
+        for tiling in forced:
+            for layout in ("fused", "split"):
+                kv = case.kv_cache if layout == "fused" else case.split_caches()
+                bf16_args = (args[0], kv) + args[2:]
+                out, ref = (np.asarray(qsa_jax.sparse_attention(*bf16_args, config=tuple(tiling), implementation=i))
+                            for i in (impl, "xla"))
+                _record(results, f"{label} bf16 {layout} tiling {tuple(tiling)}", _agrees(out, ref))
     elif name == "fused":
         out = np.asarray(qsa_jax.sparse_attention(*args, implementation=impl,
                                                   launch=qsa_jax.PallasLaunch(merge="fused")))

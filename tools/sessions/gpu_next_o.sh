@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next session, any Hopper with 132 SMs (carry .whl .cache/originals; <= 330 s). Written in session 36,
+# For the next session, any Hopper with 132 SMs (carry .whl .cache/originals; <= 520 s). Written in session 36,
 # whose device time ran out (refused starts) before its call d.
 # 1. Owed by session 36's bf16 table (3 splits at 529-660 programs, 2 at 661-792): tests/test_gpu_parity.py
 #    at its rows 300 and 360 (TP1's 600 and 720 programs, the new bands; TP2 / TP4 at one split), every
@@ -11,6 +11,9 @@
 #    Prediction, by the bf16 outcome: one split at >= 1.05x of 0.34.0 just past 1056 (1100, 1200), where 3
 #    splits run 8-15% faster; 2 splits fastest near 1320-1450; one split again by 1584 (1.5 waves); below
 #    1056 one split within 3% of the fastest (at 600 maybe 3-4 splits, 1.7-2.3 waves, by a few %).
+# 3. (session 37) compute-sanitizer memcheck of the same bf16 bands: tools/memcheck.py --part bf16_bands
+#    (3 and 2 splits forced on its poisoned, adversarial cases; Pallas and jax-triton, fused and split
+#    caches). Prediction: 0 errors, 8 launches agreeing with XLA per implementation.
 source tools/gpu_env.sh > /dev/null
 set -o pipefail
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -22,4 +25,6 @@ timeout -k 5 -s INT 140 python3 tools/fp8_kernel_ab.py --impl triton \
   --configs table,32/1/1/2,32/2/1/2,32/3/1/2,32/4/1/2 --programs 1100,1200,1320,1450,1584,600,800,1000 \
   --geometries TP1,TP4 --runs 2 --n-sets 6 --out "$OUT/fp8" > "$OUT/fp8.log" 2>&1
 echo "fp8 rc=$?"; grep -hE "programs|triton" "$OUT/fp8.log" | sed 's/ \[.*//; s/ knob=off//; s/ err .*//' | paste - - - - - - | cut -c1-220
+NO_PLANT=1 PARTS=bf16_bands PART_TIMEOUT=90 bash tools/gpu_memcheck_parts.sh > /dev/null 2>&1
+cat "$OUT/memcheck_summary.log"
 true
