@@ -192,8 +192,12 @@ H200_BF16 = _table("h200-bf16-measured",
                     # faster by 2-3% at 300). The error from exact attention a little lower (2.73-2.80e-3
                     # against one split's 2.76-2.82e-3: fewer roundings of partial sums). Measured on an
                     # H100; the H200 has the same waves (132 SMs, the same registers) but more bandwidth.
+                    # Session 37 (H100, session37/call_b/): past two waves, one split ran 3.7-4.9%
+                    # slower than 2 at 1100 and 1200 programs (2.1-2.3 waves), level at 1320, and was
+                    # the fastest at 1450 and 1584 (1.3-1.8% slower than 2 splits at 1800): 2 splits at
+                    # 1057-1320.
                     (528, (32, 1, 2, 3)), (660, (32, 3, 2, 3)), (792, (32, 2, 2, 3)),
-                    (2048, (32, 1, 2, 3))],
+                    (1056, (32, 1, 2, 3)), (1320, (32, 2, 2, 3)), (2048, (32, 1, 2, 3))],
                    large_decode=(64, 1, 2, 2))
 
 # fp8 caches (e4m3, scales 0.5 / 2.0) on an H200 (2026-12-03), ``python -m bench.hopper_sweep
@@ -271,7 +275,21 @@ H200_FP8 = _table("h200-fp8-measured",
                    # one split, a launch its sweep did not try (its winner here had 2 splits);
                    # timed in session 23 (H100): 1.4-2.5% faster than 2 splits at 1024 and 4096
                    # programs, TP1 and TP4.
-                   (528, (32, 2, 1, 2, "triton")), (2048, (32, 1, 1, 2, "triton"))],
+                   # Session 37 (H100, bench/results/nvidia-h100_2026-12-07/session37/call_a/, call_b/):
+                   # the one split of 529-2048 programs, timed at 1-4 splits at 560-2000 programs, TP1
+                   # and TP4. Past one wave (1057-1260) it ran 1.15-1.23x of 0.34.0: a few full-length
+                   # programs in a second wave of their own, as in the bf16 table past 528. The counts
+                   # below follow the waves of 1056: 3 splits to 704 programs (3 x 704 = two full
+                   # waves), one split to 1056 (one wave), 4 splits to 1260, 2 splits to 1584 (2 x 1584
+                   # = three full waves), one split from 1585 (1.5-1.94 waves). Each count here was the
+                   # fastest or within 3% of it (1.3% at TP1 700 programs, where one split edges 3;
+                   # at TP4 1320, where 3 splits edge 2 by 2.9%) and 0.85-1.00x of 0.34.0 at every count timed;
+                   # the old one split had been up to 19% slower than 3 splits at 560-700 (TP4) and
+                   # 16-26% slower than 4 at 1080-1260. The error from exact attention is the same
+                   # (2.32-2.39e-3 at every count).
+                   (528, (32, 2, 1, 2, "triton")), (704, (32, 3, 1, 2, "triton")),
+                   (1056, (32, 1, 1, 2, "triton")), (1260, (32, 4, 1, 2, "triton")),
+                   (1584, (32, 2, 1, 2, "triton")), (2048, (32, 1, 1, 2, "triton"))],
                   large_decode=(32, 1, 1, 2, "triton"))
 
 # This project's own tables, measured on a card of the given capability, same form as

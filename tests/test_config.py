@@ -137,6 +137,11 @@ _SESSION35 = _SESSION25.parents[1] / "nvidia-h100_2026-12-07" / "session35"
 # split every one of them had before. Call a counts at 600 and 700 programs only, inside the new
 # bands: its other counts confirm bands that the H200 sweep's buckets (512, 1024, 2048) stand behind.
 _SESSION36 = _SESSION35.parent / "session36"
+# Session 37 (an H100): the fp8 table's one split at 529-2048 programs, jax-triton at 1-4 splits at
+# 560-2000 programs (calls a and b, every count counts: every one of them had one split before), and
+# the bf16 table's one split at 1100-1800 (call b; it counts at 1100-1320 only, the new 2-split band:
+# its other counts confirm the band the H200 sweep's 2048-program bucket stands behind).
+_SESSION37 = _SESSION35.parent / "session37"
 # The single-file A/Bs behind sm_90 entries, per is_fp8: (file, the ``Tiling.implementation`` its
 # explicit runs count as -- "triton" for jax-triton runs, None for Pallas's, which the bf16 table
 # names by leaving it unset --, the table's entry when its "table(...)" run recorded none, the
@@ -146,7 +151,8 @@ SM90_ONE_FILE_AB = {
             cfgmod.Tiling(32, 2, 1, 2, "triton")),
            (_SESSION21 / "table_change" / "low_band" / "ab.json", "triton", cfgmod.Tiling(32, 1, 1, 2, "triton"),
             None, cfgmod.Tiling(32, 2, 1, 2, "triton")),
-           (_SESSION23 / "call_a" / "boundary" / "ab.json", "triton", None, None,
+           # 576-704 programs count no more: session 37 gave them 3 splits, which this file never ran
+           (_SESSION23 / "call_a" / "boundary" / "ab.json", "triton", None, {528},
             cfgmod.Tiling(32, 2, 1, 2, "triton")),
            # session 26 call g: the 25-32-program entry at one warp against the Pallas-measured
            # one at 2 warps, both through jax-triton (24 programs: the 5-24 entry stands)
@@ -157,11 +163,14 @@ SM90_ONE_FILE_AB = {
            (_SESSION35 / "call_e" / "ab.json", "triton", None, {100, 128, 140, 170, 300},
             cfgmod.Tiling(32, 4, 1, 2, "triton")),
            (_SESSION35 / "call_d" / "ab.json", "triton", None, {132, 200, 396, 512},
-            cfgmod.Tiling(32, 4, 1, 2, "triton"))],
+            cfgmod.Tiling(32, 4, 1, 2, "triton")),
+           (_SESSION37 / "call_a" / "fp8" / "ab.json", "triton", None, None, cfgmod.Tiling(32, 1, 1, 2, "triton")),
+           (_SESSION37 / "call_b" / "fp8" / "ab.json", "triton", None, None, cfgmod.Tiling(32, 1, 1, 2, "triton"))],
     False: [(_SESSION25 / "call_b" / "bf16_ab_pallas" / "ab.json", None, None, {8}, cfgmod.Tiling(64, 32, 4, 2)),
             (_SESSION26 / "call_a" / "bf16_ab_6" / "ab.json", None, None, None, cfgmod.Tiling(64, 32, 4, 2)),
             (_SESSION36 / "call_a" / "bf16" / "ab.json", None, None, {600, 700}, cfgmod.Tiling(32, 1, 2, 3)),
-            (_SESSION36 / "call_c" / "bf16" / "ab.json", None, None, None, cfgmod.Tiling(32, 1, 2, 3))],
+            (_SESSION36 / "call_c" / "bf16" / "ab.json", None, None, None, cfgmod.Tiling(32, 1, 2, 3)),
+            (_SESSION37 / "call_b" / "bf16" / "ab.json", None, None, {1100, 1200, 1320}, cfgmod.Tiling(32, 1, 2, 3))],
 }
 
 
@@ -221,6 +230,14 @@ def _ab_evidence(folder, specs, programs):
     return out
 
 
+# One entry serves TP1 and TP4; where they disagree, the table takes the count whose worst loss
+# over the two is smallest (session 37, fp8 at 700 programs: 3 splits 1.3% slower than one split at
+# TP1, one split 8.5% slower than 3 at TP4), so "no slower than the entry it replaced" allows the
+# spread of one launch timed twice in one file: a "table(...)" run and its explicit twin differ by up
+# to 1.0% (68 pairs in sessions 36-37's files, paired as _one_file_ab pairs them).
+REPEAT_NOISE = 1.015
+
+
 @pytest.mark.parametrize("is_fp8, sweeps", [
     (False, ["hopper_sweep", "session6/sweep8192"]),
     (True, ["session6/fp8_sweep", "session7/fp8_sweep_small"]),
@@ -235,10 +252,11 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
     to 0.34.0 in their own process (session 11 counts one spec, so there only "faster than
     the entry it replaced" bites), and an entry's ``pallas_warps`` is the Pallas sweep winner's
     warps at that tiling; the other "triton" entries are the Pallas sweep's tiling. Bands (and,
-    for fp8, both large-batch entries) with a single-file A/B (SM90_ONE_FILE_AB: fp8 sessions 21
-    and 23 and 26, bf16 sessions 25, 26 and 36) are within 5% of the fastest tiling there, no slower than
-    the entry they replaced (which the file must time) and within 1.10x of its error from exact
-    attention (the accuracy contract's slack, against the entry it replaced)."""
+    for fp8, both large-batch entries) with a single-file A/B (SM90_ONE_FILE_AB: fp8 sessions 21,
+    23, 26, 35 and 37, bf16 sessions 25, 26, 36 and 37) are within 5% of the fastest tiling there, no
+    slower than the entry they replaced (which the file must time) beyond REPEAT_NOISE, and within
+    1.10x of its error from exact attention (the accuracy contract's slack, against the entry it
+    replaced)."""
     table = cfgmod.MEASURED_TABLES[(9, 0)][is_fp8]
     reached = set()
     band = lambda programs: next((b for b, _ in table.bands if programs <= b), None)  # noqa: E731
@@ -264,7 +282,7 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
                 assert got in times, (where, got, sorted(times))
                 assert times[got] <= 1.05 * min(times.values()), (where, times)
                 assert before in times, (where, "the file does not time the entry it replaced", sorted(times))
-                assert times[got] <= times[before], (where, times)
+                assert times[got] <= REPEAT_NOISE * times[before], (where, times)
                 assert errors[got] <= 1.10 * errors[before], (where, errors)
             reached.add(band(programs))
     ab_bands = set(reached)
@@ -285,19 +303,48 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
 
 def test_bf16_counts_past_one_wave_are_the_fastest_timed():
     """Session 36's bf16 bands past one wave of the 2-warp kernel (529-660 programs: 3 splits,
-    661-792: 2): at every count of programs timed inside them (calls a and c, TP1 and TP4, 1-4
-    splits), the table's count was within 1.5% of the fastest -- tighter than the 5% of the
-    table-wide evidence test, so that where the bands end, and 3 splits rather than 4, are held to
-    the files too (at 5%, 4 splits at 529-660 or 3 splits to 720 would pass)."""
+    661-792: 2) and session 37's past two (1057-1320: 2 splits): at every count of programs timed
+    inside them (session 36 calls a and c, session 37 call b, TP1 and TP4, 1-4 splits), the table's
+    count was within 1.5% of the fastest -- tighter than the 5% of the table-wide evidence test, so
+    that where the bands end, and 3 splits rather than 4, are held to the files too (at 5%, 4 splits
+    at 529-660, 3 splits to 720, or one split kept at 1057-1320 would pass). Session 37's counts past
+    1320 (1450-1800) keep one split (the band the H200 sweep's 2048-program bucket stands behind),
+    held within 2% here: one split was the fastest at 1450 and 1584 and 1.3-1.8% behind 2 splits at
+    1800, not worth another band (2 splits stretched to 1450 would be 4% behind)."""
     seen = set()
-    for call in ("call_a", "call_c"):
-        for programs, _, geometry, times, _ in _one_file_ab(_SESSION36 / call / "bf16" / "ab.json", None, None):
-            if not 528 < programs <= 792:
+    for path in (_SESSION36 / "call_a", _SESSION36 / "call_c", _SESSION37 / "call_b"):
+        for programs, _, geometry, times, _ in _one_file_ab(path / "bf16" / "ab.json", None, None):
+            if not (528 < programs <= 792 or 1056 < programs <= 2048):
                 continue
             got = cfgmod.table_tiling(programs, False, is_fp8=False, capability=(9, 0))
-            assert times[got] <= 1.015 * min(times.values()), (call, programs, geometry, got, times)
+            slack = 1.02 if programs > 1320 else 1.015
+            assert times[got] <= slack * min(times.values()), (path.name, programs, geometry, got, times)
             seen.add((programs, got.splits))
-    assert {splits for _, splits in seen} == {2, 3}, sorted(seen)
+    assert {splits for _, splits in seen} == {1, 2, 3}, sorted(seen)
+    assert any(1056 < programs <= 1320 for programs, _ in seen), sorted(seen)
+
+
+def test_fp8_counts_from_half_a_wave_are_the_fastest_timed():
+    """Session 37's fp8 bands at 529-2048 programs (3 splits to 704, one to 1056, 4 to 1260, 2 to
+    1584, one to 2048: the waves of the one-warp kernel's 1056 programs): at every count timed there
+    (calls a and b, 560-2000 programs, TP1 and TP4, 1-4 splits) the table's count was within 3% of
+    the fastest on each geometry, and its worst loss over the two geometries was the smallest of the
+    counts timed (within REPEAT_NOISE; where TP1 and TP4 disagree -- 700 programs -- that picks the
+    count). The table-wide test's 5% would pass 3 splits at 1261-1320 (4.8% behind 2 at TP1)."""
+    by_programs = {}
+    for call in ("call_a", "call_b"):
+        for programs, _, geometry, times, _ in _one_file_ab(_SESSION37 / call / "fp8" / "ab.json", "triton", None):
+            by_programs.setdefault(programs, {})[geometry] = times
+    counts = set()
+    for programs, by_geometry in sorted(by_programs.items()):
+        assert 528 < programs <= 2048 and set(by_geometry) == {"TP1", "TP4"}, (programs, sorted(by_geometry))
+        got = cfgmod.table_tiling(programs, False, is_fp8=True, capability=(9, 0))
+        worst = {t: max(times[t] / min(times.values()) for times in by_geometry.values())
+                 for t in set.intersection(*(set(times) for times in by_geometry.values()))}
+        assert worst[got] <= 1.03, (programs, got, by_geometry)
+        assert worst[got] <= REPEAT_NOISE * min(worst.values()), (programs, got, worst)
+        counts.add(got.splits)
+    assert counts == {1, 2, 3, 4}, counts
 
 
 def test_pallas_splits_are_pallas_own_measured_counts():

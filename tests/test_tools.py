@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("part, launches", [("indexer", 3), ("sparse0", 4), ("fp8", 16), ("fused", 2),
+@pytest.mark.parametrize("part, launches", [("indexer", 3), ("sparse0", 4), ("fp8", 20), ("fused", 2),
                                              ("backward", 2), ("backward_fp8", 4),
                                              ("bf16_bands", 8)])
 def test_memcheck_driver_part_agrees_on_cpu(part, launches):

@@ -124,9 +124,11 @@ def _extra_part(name, case, impl, args, results, label):
         # Session 36: also the wave-filling counts of session 35 that are not powers of two
         # (6 splits at 133-176 programs, 3 at 265-352), where jax-triton's merge masks a split
         # block of 8 / 4 rows down to 6 / 3 and Pallas (one warp there) deals tiles to them.
+        # Session 37: and the 4 splits past one wave (1057-1260 programs; 560 rows at 2 KV heads).
+        # (Shape 2's own default launch, 600 programs, takes the 3 splits of 529-704 since then.)
         width = case.logical_indices.shape[1] - 1
         forced = [tuple(config.select_config(rows, 2, False, width, True, capability=(9, 0)))
-                  for rows in (16, 75, 150)]
+                  for rows in (16, 75, 150, 560)]
         for tiling in (None, *forced):
             for fmt, kv in _fp8_caches(case).items():
                 fp8_args = (args[0], kv) + args[2:]
