@@ -138,7 +138,8 @@ _SESSION35 = _SESSION25.parents[1] / "nvidia-h100_2026-12-07" / "session35"
 # bands: its other counts confirm bands that the H200 sweep's buckets (512, 1024, 2048) stand behind.
 _SESSION36 = _SESSION35.parent / "session36"
 # Session 37 (an H100): the fp8 table's one split at 529-2048 programs, jax-triton at 1-4 splits at
-# 560-2000 programs (calls a and b, every count counts: every one of them had one split before), and
+# 560-2000 programs (calls a and b, every count counts: every one of them had one split before; call
+# c the table as changed, its "table(triton)" run beside one split), and
 # the bf16 table's one split at 1100-1800 (call b; it counts at 1100-1320 only, the new 2-split band:
 # its other counts confirm the band the H200 sweep's 2048-program bucket stands behind).
 _SESSION37 = _SESSION35.parent / "session37"
@@ -165,7 +166,9 @@ SM90_ONE_FILE_AB = {
            (_SESSION35 / "call_d" / "ab.json", "triton", None, {132, 200, 396, 512},
             cfgmod.Tiling(32, 4, 1, 2, "triton")),
            (_SESSION37 / "call_a" / "fp8" / "ab.json", "triton", None, None, cfgmod.Tiling(32, 1, 1, 2, "triton")),
-           (_SESSION37 / "call_b" / "fp8" / "ab.json", "triton", None, None, cfgmod.Tiling(32, 1, 1, 2, "triton"))],
+           (_SESSION37 / "call_b" / "fp8" / "ab.json", "triton", None, None, cfgmod.Tiling(32, 1, 1, 2, "triton")),
+           # call c: the final table's own launch beside one split at 600, 700, 1700 and 1800
+           (_SESSION37 / "call_c" / "fp8" / "ab.json", "triton", None, None, cfgmod.Tiling(32, 1, 1, 2, "triton"))],
     False: [(_SESSION25 / "call_b" / "bf16_ab_pallas" / "ab.json", None, None, {8}, cfgmod.Tiling(64, 32, 4, 2)),
             (_SESSION26 / "call_a" / "bf16_ab_6" / "ab.json", None, None, None, cfgmod.Tiling(64, 32, 4, 2)),
             (_SESSION36 / "call_a" / "bf16" / "ab.json", None, None, {600, 700}, cfgmod.Tiling(32, 1, 2, 3)),
