@@ -237,7 +237,7 @@ def _ab_evidence(folder, specs, programs):
 # over the two is smallest (session 37, fp8 at 700 programs: 3 splits 1.3% slower than one split at
 # TP1, one split 8.5% slower than 3 at TP4), so "no slower than the entry it replaced" allows the
 # spread of one launch timed twice in one file: a "table(...)" run and its explicit twin differ by up
-# to 1.0% (68 pairs in sessions 36-37's files, paired as _one_file_ab pairs them).
+# to 1.0% (72 pairs in sessions 36-37's files, paired as _one_file_ab pairs them).
 REPEAT_NOISE = 1.015
 
 
@@ -332,8 +332,8 @@ def test_fp8_counts_from_half_a_wave_are_the_fastest_timed():
     1584, one to 2048: the waves of the one-warp kernel's 1056 programs): at every count timed there
     (calls a and b, 560-2000 programs, TP1 and TP4, 1-4 splits) the table's count was within 3% of
     the fastest on each geometry, and its worst loss over the two geometries was the smallest of the
-    counts timed (within REPEAT_NOISE; where TP1 and TP4 disagree -- 700 programs -- that picks the
-    count). The table-wide test's 5% would pass 3 splits at 1261-1320 (4.8% behind 2 at TP1)."""
+    counts timed within REPEAT_NOISE (TP1 and TP4 disagree on the fastest at six counts; at 700
+    programs this picks the count: 3 splits' 1.3% against one split's 8.5%). The table-wide test's 5% would pass 3 splits at 1261-1320 (4.8% behind 2 at TP1)."""
     by_programs = {}
     for call in ("call_a", "call_b"):
         for programs, _, geometry, times, _ in _one_file_ab(_SESSION37 / call / "fp8" / "ab.json", "triton", None):
