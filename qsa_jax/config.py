@@ -284,7 +284,8 @@ H200_FP8 = _table("h200-fp8-measured",
                    # = three full waves), one split from 1585 (1.5-1.94 waves). Each count here was the
                    # fastest or within 3% of it (behind by 1.3% at TP1 700 programs, where one split
                    # edges 3, and by 0.9-2.9% at TP4 750, 1260, 1320, 1380 and 1700, where TP1 and TP4
-                   # disagree on the fastest) and 0.85-1.00x of 0.34.0 at every count timed;
+                   # disagree on the fastest) and 0.85-1.00x of 0.34.0 at every count timed (jax-triton;
+                   # Pallas, where jax-triton is missing, runs these counts at one warp, untimed there);
                    # the old one split had been up to 19% slower than 3 splits at 560-700 (TP4) and
                    # 16-26% slower than 4 at 1080-1260. The error from exact attention is the same
                    # (2.32-2.39e-3 at every count).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next session (carry .whl .cache/originals; <= 420 s). Written in session 37, whose device time
+# For the next session (carry .whl .cache/originals; <= 420 s; about 330 on an H100). Written in session 37, whose device time
 # ran out after its three calls (three refused starts cost ~450 s).
 # On an H200: 1. the owed H200 half of gpu_next_m.sh first (tools/gather_roofline.py; prediction there:
 #    the gather at 95-105% of copy), then 2. the H200 check of sessions 36-37's split bands, measured on
@@ -13,6 +13,10 @@
 #    16-26% slower than 4 splits): one split 5-15% slower than the best of 2-4 at 2200-2400 (2.1-2.3
 #    waves), within 3% at 2112, 2700 and 3168. A gap that size would need bands above
 #    LARGE_BATCH_PROGRAMS, where today the prefill flag picks the entry (config.TilingTable).
+#    4. Pallas fp8 at the new bands, which it runs where jax-triton is missing (the entries name no
+#    pallas_warps / pallas_splits, so one warp and the entry's count): 1-4 splits at 600, 1100 and 1450
+#    programs, TP1. Prediction: the entry's count within 5% of Pallas's fastest (its one-warp kernel has
+#    the same 8 programs per SM, session 35 call g); else the entries need pallas_splits.
 source tools/gpu_env.sh > /dev/null
 set -o pipefail
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -34,8 +38,12 @@ else
     --configs table,32/1/1/2,32/2/1/2,32/3/1/2,32/4/1/2 --programs 2112,2200,2400,2700,3168,3300 \
     --geometries TP1,TP4 --runs 2 --n-sets 6 --out "$OUT/fp8" > "$OUT/fp8.log" 2>&1
   echo "fp8 rc=$?"
+  timeout -k 5 -s INT 120 python3 tools/fp8_kernel_ab.py --impl pallas \
+    --configs table,32/1/1/2,32/2/1/2,32/3/1/2,32/4/1/2 --programs 600,1100,1450 \
+    --geometries TP1 --runs 2 --n-sets 6 --out "$OUT/fp8_pallas" > "$OUT/fp8_pallas.log" 2>&1
+  echo "fp8 pallas rc=$?"
 fi
-for f in fp8 bf16; do
+for f in fp8 bf16 fp8_pallas; do
   [ -f "$OUT/$f.log" ] || continue
   grep -hE "programs|(triton|pallas) 32" "$OUT/$f.log" | sed 's/ \[.*//; s/ knob=off//; s/ err .*//; s/ us / /' | paste - - - - - | cut -c1-200
 done
