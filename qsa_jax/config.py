@@ -913,7 +913,8 @@ def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
     - TP1 (G = 12: 16-row tiles) at 2 or 4 splits: +2.1 to +5.6% through the torch launch,
       -0.7 to -1.9% through JAX (H200, session 17, 2 splits); +2.4% through torch at 0.34.0's
       4-split launch (H100, session 23);
-    - TP1 at one split (the table's entries from 529 programs; 0.34.0's large-batch launch and
+    - TP1 at one split (the table's one-split entries, 705-1056 and 1585-2048 programs since
+      session 37, and its large-batch one; 0.34.0's large-batch launch and
       0.30.0's from 513 programs, 64-wide, 2 warps): -0.4 to -1.3% through JAX at the table's
       entry (H100, session 21); through torch (H100, session 23) -0.45 to -1.2% there (within
       the pass-to-pass spread of 0.34.0's own kernel, +-0.5%) and -3.3 to -3.8% at the 64-wide
@@ -1039,7 +1040,7 @@ def triton_fp8_gluon_values_shared() -> bool:
     exposed latency was one candidate for why. H100, session 21: bit-identical (4 GPU test
     launches, 22 A/B cases), memcheck 0 errors, 2-6% faster than the register path; against
     the Triton kernel TP1 -0.9 to -1.9% and TP4 +2.0 to +3.5% at 2 splits, -0.5 to +1.6% at
-    the one-split launch the table takes from 529 programs. Off."""
+    the table's one-split launch (then from 529 programs). Off."""
     return False
 
 

@@ -990,9 +990,9 @@ def test_fp16_keys_knob_reaches_fp8_launches_only(monkeypatch):
 def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
     """By default the fp16 q.K^T runs where it measured faster (notes/triton.md, sessions 17,
     21, 23): 8-row MMA tiles (G <= 8, TP4's 6 heads per KV head) at any split count, and
-    16-row tiles (TP1's G = 12) only where the launch has one split (the sm_90 fp8 table from
-    529 programs, 0.34.0's large-batch launch; at 2 and 4 splits it measured slower through
-    the shim's torch launch)."""
+    16-row tiles (TP1's G = 12) only where the launch has one split (the sm_90 fp8 table at
+    705-1056 and 1585-2048 programs and above since session 37, 0.34.0's large-batch launch; at
+    2 and 4 splits it measured slower through the shim's torch launch)."""
     import jax
     import jax.numpy as jnp
 
@@ -1018,8 +1018,11 @@ def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
 
     assert config.TRITON_FP8_F16_DOT_MAX_GROUP == 8
     # (query heads, KV heads, rows) -> (QK_FP16, one split) on sm_90's table.
-    cases = {(24, 2, 8): (False, False), (24, 2, 264): (False, False), (24, 2, 265): (True, True),
-             (24, 2, 4096): (True, True), (6, 1, 8): (True, False), (6, 1, 4096): (True, True),
+    # TP1 rows 265 / 353 / 528 / 529 / 793: 530 (3 splits), 706 (one), 1056 (one), 1058 (4 splits)
+    # and 1586 programs (one)
+    cases = {(24, 2, 8): (False, False), (24, 2, 264): (False, False), (24, 2, 265): (False, False),
+             (24, 2, 353): (True, True), (24, 2, 528): (True, True), (24, 2, 529): (False, False),
+             (24, 2, 793): (True, True), (24, 2, 4096): (True, True), (6, 1, 8): (True, False), (6, 1, 4096): (True, True),
              (8, 1, 8): (True, False), (16, 1, 8): (False, False), (16, 1, 1024): (True, True)}
     got = {case: plan(*case) for case in cases}
     assert got == cases, got
@@ -1036,8 +1039,8 @@ def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
 
 def test_split_kernel_fp16_keys_drop_the_bf16_conversions(tmp_path):
     """``config.triton_fp8_keys_f16_dot`` (QK_FP16): at TP1's one-warp 32-wide launches, 2
-    splits (where the default keeps it off) and one split (sm_90's fp8 table from 529
-    programs, where it is on since session 23), the tile loop compiled for sm_90 loses K's
+    splits (where the default keeps it off) and one split (sm_90's fp8 table's one-split
+    bands, where it is on since session 23), the tile loop compiled for sm_90 loses K's
     fp16 -> fp32 -> bf16 steps -- 384 of its 654 conversion instructions; 2184 -> 1814 at 2
     splits, 2143 -> 1820 at one (notes/triton.md, sessions 14 and 23) -- without more
     registers; spills: on the pinned Triton (3.6) none more at 2 splits, and at one split
