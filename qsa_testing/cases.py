@@ -13,6 +13,7 @@ without loss.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import ml_dtypes
 import numpy as np
@@ -22,6 +23,13 @@ from qsa_jax.config import select_config
 BF16 = ml_dtypes.bfloat16
 E4M3 = ml_dtypes.float8_e4m3fn
 BF16_NAN_BITS = np.uint16(0x7FC0)
+
+
+def rows_from_env(variable: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """The row counts a GPU parity test runs: ``default``, or the comma-separated counts in the
+    environment variable ``variable`` (a narrowed run, which then checks less)."""
+    value = os.environ.get(variable)
+    return tuple(int(r) for r in value.split(",")) if value else default
 
 
 def bf16_random(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:

@@ -333,7 +333,8 @@ def test_fp8_counts_from_half_a_wave_are_the_fastest_timed():
     (calls a and b, 560-2000 programs, TP1 and TP4, 1-4 splits) the table's count was within 3% of
     the fastest on each geometry, and its worst loss over the two geometries was the smallest of the
     counts timed within REPEAT_NOISE (TP1 and TP4 disagree on the fastest at six counts; at 700
-    programs this picks the count: 3 splits' 1.3% against one split's 8.5%). The table-wide test's 5% would pass 3 splits at 1261-1320 (4.8% behind 2 at TP1)."""
+    programs this picks the count: 3 splits' 1.3% against one split's 8.5%). The table-wide test's
+    5% would pass 3 splits at 1261-1320 (4.8% behind 2 at TP1)."""
     by_programs = {}
     for call in ("call_a", "call_b"):
         for programs, _, geometry, times, _ in _one_file_ab(_SESSION37 / call / "fp8" / "ab.json", "triton", None):

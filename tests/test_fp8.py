@@ -793,9 +793,7 @@ POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}
 # wave-filling bands no other row count reaches. 560 and 700 rows (session 37) are TP1's 1120 and 1400
 # programs, the 4- and 2-split bands past one wave of the one-warp kernel. QSA_FP8_PARITY_ROWS narrows
 # a run and then checks less.
-GPU_ROWS = (1, 2, 12, 16, 32, 64, 150, 264, 560, 700, 2048)
-if os.environ.get("QSA_FP8_PARITY_ROWS"):
-    GPU_ROWS = tuple(int(r) for r in os.environ["QSA_FP8_PARITY_ROWS"].split(","))
+GPU_ROWS = C.rows_from_env("QSA_FP8_PARITY_ROWS", (1, 2, 12, 16, 32, 64, 150, 264, 560, 700, 2048))
 SAMPLED_ROWS = 24  # rows per case compared with exact attention (float64 on the host)
 
 
@@ -954,7 +952,8 @@ def test_gpu_fp8_knob_is_bit_identical(implementation, knob_name, config, monkey
     register cap at the one-warp launches) gives
     the other setting's output bit for bit, at the TP1 shapes and the fp8 tables'
     bandwidth-bound launches (2 and 1 warps; one warp at one split: sm_90's table at 705-1056 and
-    1585-2048 programs and above, where the fp16 q.K^T is on by default since session 23); the cache holds random finite e4m3 bytes;
+    1585-2048 programs and above, where the fp16 q.K^T is on by default since session 23); the
+    cache holds random finite e4m3 bytes;
     query heads far apart in magnitude (x2^-30, x2^33, zero) exercise the fp16 dot's
     per-row rescaling."""
     import dataclasses

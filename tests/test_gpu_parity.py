@@ -31,8 +31,7 @@ POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}  # about 2 GB of cache each
 # DEFAULT_ROWS; 300 and 360 rows, session 36: TP1's 600 and 720 programs, the 3- and 2-split bands
 # past one wave); QSA_PARITY_ROWS narrows a run (tools/gpu_verify.sh) and then checks less.
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 300, 360, 1024, 2048, 4096)
-ROWS = tuple(int(r) for r in os.environ["QSA_PARITY_ROWS"].split(",")) if os.environ.get("QSA_PARITY_ROWS") \
-    else DEFAULT_ROWS
+ROWS = C.rows_from_env("QSA_PARITY_ROWS", DEFAULT_ROWS)
 
 
 def implementations():

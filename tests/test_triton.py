@@ -1022,7 +1022,8 @@ def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
     # and 1586 programs (one)
     cases = {(24, 2, 8): (False, False), (24, 2, 264): (False, False), (24, 2, 265): (False, False),
              (24, 2, 353): (True, True), (24, 2, 528): (True, True), (24, 2, 529): (False, False),
-             (24, 2, 793): (True, True), (24, 2, 4096): (True, True), (6, 1, 8): (True, False), (6, 1, 4096): (True, True),
+             (24, 2, 793): (True, True), (24, 2, 4096): (True, True), (6, 1, 8): (True, False),
+             (6, 1, 4096): (True, True),
              (8, 1, 8): (True, False), (16, 1, 8): (False, False), (16, 1, 1024): (True, True)}
     got = {case: plan(*case) for case in cases}
     assert got == cases, got

@@ -5,11 +5,11 @@
 # 1. compute-sanitizer memcheck of tools/memcheck.py --part fp8, which now also forces the 4-split tiling
 #    of 1057-1260 programs (and whose 600-program shape takes the new 3 splits by default), Pallas and
 #    jax-triton. Prediction: 0 errors, 20 launches agreeing with XLA per implementation.
-# 3. Only on an H200 (owed since session 34; gpu_next_m.sh's first half): tools/gather_roofline.py, the
-#    bandwidth a pure gather of the fp8 K/V bytes reaches there. Prediction (gpu_next_m.sh): 95-105% of copy.
 # 2. The final table's own launch ("table") beside one split at 600, 700 (3 splits now), 1700 and 1800
 #    (one split; call b's table runs there launched the provisional 2 splits). Prediction: the table run
 #    within 1% of call b's explicit run of the same tiling, 0.87-0.97x of 0.34.0.
+# 3. Only on an H200 (owed since session 34; gpu_next_m.sh's first half): tools/gather_roofline.py, the
+#    bandwidth a pure gather of the fp8 K/V bytes reaches there. Prediction (gpu_next_m.sh): 95-105% of copy.
 source tools/gpu_env.sh > /dev/null
 set -o pipefail
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
