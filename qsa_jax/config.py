@@ -58,8 +58,9 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-# Above this many (row, KV head) programs every table here has one split (or two) and
-# ``use_prefill_config`` chooses between a decode and a prefill tiling.
+# Above this many (row, KV head) programs vLLM's tables have one split (or two) and
+# ``use_prefill_config`` chooses between a decode and a prefill tiling. A measured table whose two
+# large-batch entries are one tiling may carry its bands further (the flag then picks nothing).
 LARGE_BATCH_PROGRAMS = 2048
 
 
@@ -98,8 +99,10 @@ class TilingTable:
     """A config table keyed on programs = rows x KV heads.
 
     ``bands`` are ``(most programs, tiling)`` in ascending order and must reach
-    ``LARGE_BATCH_PROGRAMS``; above it the flag ``use_prefill_config`` picks one of
-    the two large-batch entries.
+    ``LARGE_BATCH_PROGRAMS``; above the last band the flag ``use_prefill_config`` picks one of
+    the two large-batch entries. Bands may go past ``LARGE_BATCH_PROGRAMS`` only where the two
+    large-batch entries are the same tiling: the flag has no say below the last band, and there
+    it must have none to lose.
     """
 
     name: str
@@ -109,10 +112,11 @@ class TilingTable:
 
     def __post_init__(self):
         bounds = [b for b, _ in self.bands]
-        assert bounds == sorted(bounds) and bounds[-1] == LARGE_BATCH_PROGRAMS, self.name
+        assert bounds == sorted(bounds) and bounds[-1] >= LARGE_BATCH_PROGRAMS, self.name
+        assert bounds[-1] == LARGE_BATCH_PROGRAMS or self.large_decode == self.large_prefill, self.name
 
     def pick(self, programs: int, use_prefill_config: bool) -> Tiling:
-        if programs > LARGE_BATCH_PROGRAMS:
+        if programs > self.bands[-1][0]:
             return self.large_prefill if use_prefill_config else self.large_decode
         return next(t for bound, t in self.bands if programs <= bound)
 
@@ -284,14 +288,30 @@ H200_FP8 = _table("h200-fp8-measured",
                    # = three full waves), one split from 1585 (1.5-1.94 waves). Each count here was the
                    # fastest or within 3% of it (behind by 1.3% at TP1 700 programs, where one split
                    # edges 3, and by 0.9-2.9% at TP4 750, 1260, 1320, 1380 and 1700, where TP1 and TP4
-                   # disagree on the fastest) and 0.85-1.00x of 0.34.0 at every count timed (jax-triton;
-                   # Pallas, where jax-triton is missing, runs these counts at one warp, untimed there);
+                   # disagree on the fastest) and 0.85-1.00x of 0.34.0 at every count timed (jax-triton);
                    # the old one split had been up to 19% slower than 3 splits at 560-700 (TP4) and
                    # 16-26% slower than 4 at 1080-1260. The error from exact attention is the same
-                   # (2.32-2.39e-3 at every count).
+                   # (2.32-2.39e-3 at every count). Pallas, where jax-triton is missing, runs these counts
+                   # at one warp: at 600, 1100 and 1450 programs (TP1, session 38 call_a/fp8_pallas/) each
+                   # was its fastest of 1-4 splits at one warp, though only 1.19-1.32x of 0.34.0; 2 warps
+                   # were no faster but at 1100 (3 and 4 splits 6% and 5% ahead, call_b/): no override.
                    (528, (32, 2, 1, 2, "triton")), (704, (32, 3, 1, 2, "triton")),
                    (1056, (32, 1, 1, 2, "triton")), (1260, (32, 4, 1, 2, "triton")),
-                   (1584, (32, 2, 1, 2, "triton")), (2048, (32, 1, 1, 2, "triton"))],
+                   (1584, (32, 2, 1, 2, "triton")), (2048, (32, 1, 1, 2, "triton")),
+                   # Session 38 (H100, bench/results/nvidia-h100_2026-12-07/session38/call_a/fp8/ and
+                   # call_c/fp8_past_2048/): the large-batch entry's one split past 2048 programs, timed at
+                   # 1-4 splits at 2112-3300 programs and 1-3 at 2300-4600, TP1 and TP4. Just past a whole
+                   # number of waves it lost as it did past 1056: 4.8-11% slower than the fastest at
+                   # 2200-2400 (2.1-2.3 waves) and 2.1-5.5% at 3300 (3.1 waves); it was the fastest at
+                   # 2112, 2700, 2800 and 3168 (whole waves, or more than half of the last). Two splits,
+                   # whose half-length programs fill the first half of the last wave, take 2113-2640 (to
+                   # 2.5 waves) and 3169-3500. Between 3500 and 3696 (3.5 waves) one split is back in
+                   # front: 3.2% ahead of 2 splits at TP1 3696, 0.4% behind at TP4. Each count here is
+                   # within 1.8% of the fastest and 0.72-0.91x of 0.34.0. From 3501 the large-batch
+                   # entry: past four waves a band would gain at most 2.7% (2 splits at TP4 4300) and lose
+                   # up to 1.9% (TP1 4600).
+                   (2112, (32, 1, 1, 2, "triton")), (2640, (32, 2, 1, 2, "triton")),
+                   (3168, (32, 1, 1, 2, "triton")), (3500, (32, 2, 1, 2, "triton"))],
                   large_decode=(32, 1, 1, 2, "triton"))
 
 # This project's own tables, measured on a card of the given capability, same form as
@@ -977,7 +997,7 @@ def triton_fp8_lazy_rescale() -> bool:
     40-50 B of spills costing more than the skipped multiplies; not isolated), and with the
     Gluon kernel +6.3 to +8.8%; its distance from exact attention level with the eager
     kernel's (GPU test, 4 launches).
-    Hence off; untimed on an H200 (``tools/sessions/gpu_next_m.sh``). A function so that tests
+    Hence off; untimed on an H200. A function so that tests
     and the benchmark can switch it (read into the launch plan: see
     ``triton_fp8_keys_f16_dot`` for the caches to clear)."""
     return False

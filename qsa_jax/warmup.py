@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from qsa_jax.arg_specs import MAX_WARMUP_ROWS
-from qsa_jax.config import LARGE_BATCH_PROGRAMS, TABLE_NAMES, PallasLaunch, TritonLaunch, first_rows, select_config
+from qsa_jax.config import TABLE_NAMES, PallasLaunch, TritonLaunch, first_rows, select_config
 from qsa_jax.ops.sparse_attention.api import sparse_attention
 from qsa_jax.ops.sparse_attention.base import GATE_DTYPES, as_kv_layout, check_tiling, kv_format
 
@@ -148,9 +148,10 @@ def warmup(
         indices = jnp.full((rows, selection_width + 1), -1, jnp.int32).at[:, -1].set(0)
         req = jnp.zeros((rows,), jnp.int32)
         for flag in (False, True):
-            if flag and (explicit is not None or rows * hk <= LARGE_BATCH_PROGRAMS):
-                continue  # the flag picks nothing here: the same executable as flag=False
             cfg = explicit or select_config(rows, hk, flag, selection_width, is_fp8, table=table)
+            if flag and (explicit is not None or cfg == select_config(rows, hk, False, selection_width, is_fp8,
+                                                                      table=table)):
+                continue  # the flag picks nothing here: the same executable as flag=False
             sparse_attention(q, kv, indices, pages, req, q.astype(gate_dtype), use_prefill_config=flag,
                              config=config if explicit is None else tuple(explicit),
                              implementation=implementation, launch=launch, **scales).block_until_ready()

@@ -791,9 +791,10 @@ POOL_PAGES = {"TP1": 600, "TP2": 1000, "TP4": 2000}
 # that jax-triton's merge runs 64 columns on 1 warp (config.TRITON_MERGE_LAYOUTS, session 32).
 # 150 rows (session 35) are TP2/TP4's 150 programs (6 splits) and TP1's 300 (3 splits): the
 # wave-filling bands no other row count reaches. 560 and 700 rows (session 37) are TP1's 1120 and 1400
-# programs, the 4- and 2-split bands past one wave of the one-warp kernel. QSA_FP8_PARITY_ROWS narrows
+# programs, the 4- and 2-split bands past one wave of the one-warp kernel; 1100 and 1650 rows
+# (session 38) TP1's 2200 and 3300, the 2-split bands past 2048 programs. QSA_FP8_PARITY_ROWS narrows
 # a run and then checks less.
-GPU_ROWS = C.rows_from_env("QSA_FP8_PARITY_ROWS", (1, 2, 12, 16, 32, 64, 150, 264, 560, 700, 2048))
+GPU_ROWS = C.rows_from_env("QSA_FP8_PARITY_ROWS", (1, 2, 12, 16, 32, 64, 150, 264, 560, 700, 1100, 1650, 2048))
 SAMPLED_ROWS = 24  # rows per case compared with exact attention (float64 on the host)
 
 

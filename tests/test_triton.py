@@ -991,7 +991,8 @@ def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
     """By default the fp16 q.K^T runs where it measured faster (notes/triton.md, sessions 17,
     21, 23): 8-row MMA tiles (G <= 8, TP4's 6 heads per KV head) at any split count, and
     16-row tiles (TP1's G = 12) only where the launch has one split (the sm_90 fp8 table at
-    705-1056 and 1585-2048 programs and above since session 37, 0.34.0's large-batch launch; at
+    705-1056, 1585-2112 and 2641-3168 programs and above 3500 since sessions 37-38, 0.34.0's
+    large-batch launch; at
     2 and 4 splits it measured slower through the shim's torch launch)."""
     import jax
     import jax.numpy as jnp
@@ -1019,15 +1020,19 @@ def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
     assert config.TRITON_FP8_F16_DOT_MAX_GROUP == 8
     # (query heads, KV heads, rows) -> (QK_FP16, one split) on sm_90's table.
     # TP1 rows 265 / 353 / 528 / 529 / 793: 530 (3 splits), 706 (one), 1056 (one), 1058 (4 splits)
-    # and 1586 programs (one)
+    # and 1586 programs (one); 1056 / 1100 / 1600 / 1751: 2112 (one), 2200 and 3200 (2 splits, session
+    # 38's bands past 2048, the prefill flag no different there) and 3502 (the large-batch entry)
     cases = {(24, 2, 8): (False, False), (24, 2, 264): (False, False), (24, 2, 265): (False, False),
              (24, 2, 353): (True, True), (24, 2, 528): (True, True), (24, 2, 529): (False, False),
-             (24, 2, 793): (True, True), (24, 2, 4096): (True, True), (6, 1, 8): (True, False),
+             (24, 2, 793): (True, True), (24, 2, 1056): (True, True), (24, 2, 1100): (False, False),
+             (24, 2, 1600): (False, False), (24, 2, 1751): (True, True),
+             (24, 2, 4096): (True, True), (6, 1, 8): (True, False),
              (6, 1, 4096): (True, True),
              (8, 1, 8): (True, False), (16, 1, 8): (False, False), (16, 1, 1024): (True, True)}
     got = {case: plan(*case) for case in cases}
     assert got == cases, got
     assert plan(24, 2, 4096, prefill=True) == (True, True)
+    assert plan(24, 2, 1100, prefill=True) == (False, False)
     # 0.34.0's sm_90 table run by our kernel (the shim's "vllm-0.34" route, where session 23
     # measured it): 32-wide at 4 splits up to 2048 programs, 64-wide at one split above.
     assert plan(24, 2, 1024, table="vllm-0.34") == (False, False)
