@@ -29,7 +29,7 @@ import numpy as np
 from qsa_jax.arg_specs import MAX_WARMUP_ROWS
 from qsa_jax.config import TABLE_NAMES, PallasLaunch, TritonLaunch, first_rows, select_config
 from qsa_jax.ops.sparse_attention.api import sparse_attention
-from qsa_jax.ops.sparse_attention.base import GATE_DTYPES, as_kv_layout, check_tiling, kv_format
+from qsa_jax.ops.sparse_attention.base import GATE_DTYPES, as_kv_layout, check_tiling, kv_format, prefill_flag_selects
 
 DEFAULT_CACHE_DIR = pathlib.Path(os.environ.get("QSA_JAX_CACHE_DIR", "~/.cache/qsa_jax/xla")).expanduser()
 
@@ -148,10 +148,9 @@ def warmup(
         indices = jnp.full((rows, selection_width + 1), -1, jnp.int32).at[:, -1].set(0)
         req = jnp.zeros((rows,), jnp.int32)
         for flag in (False, True):
-            cfg = explicit or select_config(rows, hk, flag, selection_width, is_fp8, table=table)
-            if flag and (explicit is not None or cfg == select_config(rows, hk, False, selection_width, is_fp8,
-                                                                      table=table)):
+            if flag and (explicit is not None or not prefill_flag_selects(rows * hk, is_fp8, table)):
                 continue  # the flag picks nothing here: the same executable as flag=False
+            cfg = explicit or select_config(rows, hk, flag, selection_width, is_fp8, table=table)
             sparse_attention(q, kv, indices, pages, req, q.astype(gate_dtype), use_prefill_config=flag,
                              config=config if explicit is None else tuple(explicit),
                              implementation=implementation, launch=launch, **scales).block_until_ready()

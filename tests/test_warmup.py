@@ -134,3 +134,32 @@ def test_warmup_config_and_its_old_name():
     launch = qsa_jax.PallasLaunch(num_warps=4)
     with pytest.raises(ValueError, match="launch="):  # a Pallas launch on an XLA call
         qsa_jax.warmup(kv, table, launch=launch, **kw)
+
+
+def test_warmup_follows_the_tables_flag_past_2048_programs(monkeypatch):
+    """Above 2048 programs the prefill flag is another executable only where it picks another
+    entry (base.prefill_flag_selects): a prefill entry that differs only in its implementation
+    is warmed with both flags; a measured table whose bands go past 2048 (session 38's fp8 table)
+    is warmed once there and serves both flags. A table that would let such bands override two
+    different large-batch entries is refused."""
+    import pytest
+
+    from qsa_jax import config
+
+    rng = np.random.default_rng(11)
+    kv = _deployment(rng, 1).kv_cache
+    block_table = np.zeros((2, 3), np.int32)
+    monkeypatch.setattr(config, "device_capability", lambda: (9, 0))
+    rows = 1100  # x 2 KV heads: 2200 programs
+    by_implementation = config._table("test-prefill", [(2048, (16, 2, 1, 2))], large_decode=(16, 2, 1, 2),
+                                      large_prefill=(16, 2, 1, 2, "triton"))
+    past = config._table("test-past", [(2048, (16, 2, 1, 2)), (4096, (16, 3, 1, 2))], large_decode=(16, 1, 1, 2))
+    for table, profiles in ((by_implementation, ((16, 2, 1),)), (past, ((16, 3, 1),))):
+        monkeypatch.setitem(config.MEASURED_TABLES, (9, 0), (table, table))
+        got = qsa_jax.warmup(kv, block_table, num_query_heads=4, selection_width=131, row_counts=[rows],
+                             implementation="xla", persistent_cache=False)
+        assert got == profiles, (table.name, got)
+        assert _served_without_compiling(rng, kv, [(rows, True, None, None), (rows, False, None, None)]), table.name
+    with pytest.raises(ValueError, match="large-batch entries differ"):
+        config._table("test-bad", [(2048, (16, 2, 1, 2)), (4096, (16, 3, 1, 2))], large_decode=(16, 1, 1, 2),
+                      large_prefill=(32, 1, 1, 1))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For the next session (carry .whl .cache/originals; <= 130 s, then <= 480 s more on an H200). Rewritten in
-# session 38, whose device time went to seven refused starts and three H100 calls.
+# session 38, whose device time went to nine refused starts (991 s) and three H100 calls.
 # 1. Any Hopper (owed by session 38, whose last 406 s could not start gpu_session38_d.sh):
 #    tests/test_fp8.py::test_gpu_fp8_parity at 1100 and 1650 rows, TP1's 2200 and 3300 programs, the
 #    2-split bands past 2048 that session 38 added to config.H200_FP8. Prediction: 9 passed.

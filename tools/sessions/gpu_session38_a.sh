@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 38, call a (carry .whl .cache/originals; <= 480 s on an H200). Seven starts were refused first, so the
+# Session 38, call a (carry .whl .cache/originals; <= 480 s on an H200). Starts were refused first, so the
 # parts run in order of what issue 13 needs, the most owed first.
 # On an H200 (predictions as in gpu_next_m.sh and the gpu_next_p.sh of session 37):
 # 1. tools/gather_roofline.py: is the fp8 kernel's 82-89% of copy (session 32) the access pattern's or

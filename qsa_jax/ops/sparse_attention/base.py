@@ -337,6 +337,15 @@ def table_choice(rows: int, num_kv_heads: int, width: int, use_prefill_config: b
     return cfg, table_tiling(rows * num_kv_heads, use_prefill_config, is_fp8=is_fp8, table=table).stages
 
 
+def prefill_flag_selects(programs: int, is_fp8: bool, table: str | None) -> bool:
+    """Whether ``use_prefill_config=True`` picks another entry of ``table`` than False at ``programs``
+    (rows x KV heads): another tiling, or (a measured table) another pipelining depth or implementation
+    (``config.sparse_attention_order`` reads the entry again). Where it does not, both flags are one
+    executable."""
+    return (table_tiling(programs, True, is_fp8=is_fp8, table=table)
+            != table_tiling(programs, False, is_fp8=is_fp8, table=table))
+
+
 def check_sparse_attention_args(
     q, kv, logical_indices, block_table, token_to_req, output_gate,
     *, use_prefill_config: bool, config: Sequence[int] | str | None,
@@ -424,12 +433,9 @@ def check_sparse_attention_args(
         cfg, stages = table_choice(rows, cache.num_kv_heads, width, bool(use_prefill_config), fmt != "bf16", config)
     else:
         cfg = check_tiling(config, width)
-    # The flag is kept where it changes the table's entry: its tiling, or (a measured table)
-    # the entry's stages or implementation (``config.sparse_attention_order`` reads it again).
-    prefill_tiling = not explicit and bool(use_prefill_config) and (
-        cfg != table_choice(rows, cache.num_kv_heads, width, False, fmt != "bf16", config)[0]
-        or table_tiling(rows * cache.num_kv_heads, True, is_fp8=fmt != "bf16", table=config)
-        != table_tiling(rows * cache.num_kv_heads, False, is_fp8=fmt != "bf16", table=config))
+    # The flag is kept where it changes the table's entry.
+    prefill_tiling = not explicit and bool(use_prefill_config) and prefill_flag_selects(
+        rows * cache.num_kv_heads, fmt != "bf16", config)
     return SparseAttentionProblem(rows, heads, d, width, bt[0], bt[1], cache, cfg,
                                   config_explicit=explicit, q_layout=q_layout, kv_format=fmt,
                                   scaled=all(given.values()), num_stages=stages,
