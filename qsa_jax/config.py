@@ -311,10 +311,9 @@ H200_FP8 = _table("h200-fp8-measured",
                    # whose half-length programs fill the first half of the last wave, take 2113-2640 (to
                    # 2.5 waves) and 3169-3500 (the last count where 2 splits won; 3501-3695 untimed). By
                    # 3696 (3.5 waves) one split is back in front: 3.2% ahead of 2 splits at TP1, 0.4%
-                   # behind at TP4. Each count here is
-                   # within 1.8% of the fastest and 0.72-0.91x of 0.34.0. From 3501 the large-batch
-                   # entry: past four waves a band would gain at most 2.7% (2 splits at TP4 4300) and lose
-                   # up to 2.0% (TP1 4600).
+                   # behind at TP4. Each count here is within 1.8% of the fastest and 0.72-0.91x of
+                   # 0.34.0. From 3501 the large-batch entry: past four waves a band would gain at most
+                   # 2.7% (2 splits at TP4 4300) and lose up to 2.0% (TP1 4600).
                    (2112, (32, 1, 1, 2, "triton")), (2640, (32, 2, 1, 2, "triton")),
                    (3168, (32, 1, 1, 2, "triton")), (3500, (32, 2, 1, 2, "triton"))],
                   large_decode=(32, 1, 1, 2, "triton"))
@@ -938,8 +937,7 @@ def triton_fp8_keys_f16_dot(group_size: int, num_splits: int) -> bool:
     - TP1 (G = 12: 16-row tiles) at 2 or 4 splits: +2.1 to +5.6% through the torch launch,
       -0.7 to -1.9% through JAX (H200, session 17, 2 splits); +2.4% through torch at 0.34.0's
       4-split launch (H100, session 23);
-    - TP1 at one split (the table's one-split entries, 705-1056, 1585-2112 and 2641-3168 programs
-      since sessions 37-38, and its large-batch one from 3501; 0.34.0's large-batch launch and
+    - TP1 at one split (the table's one-split entries, ``H200_FP8``; 0.34.0's large-batch launch and
       0.30.0's from 513 programs, 64-wide, 2 warps): -0.4 to -1.3% through JAX at the table's
       entry (H100, session 21); through torch (H100, session 23) -0.45 to -1.2% there (within
       the pass-to-pass spread of 0.34.0's own kernel, +-0.5%) and -3.3 to -3.8% at the 64-wide

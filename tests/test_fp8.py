@@ -952,9 +952,9 @@ def test_gpu_fp8_knob_is_bit_identical(implementation, knob_name, config, monkey
     (BIT_IDENTICAL_KNOBS of the Pallas kernel, the jax-triton kernel's fp16 q.K^T and its
     register cap at the one-warp launches) gives
     the other setting's output bit for bit, at the TP1 shapes and the fp8 tables'
-    bandwidth-bound launches (2 and 1 warps; one warp at one split: sm_90's table at 705-1056,
-    1585-2112 and 2641-3168 programs and from 3501, where the fp16 q.K^T is on by default since session 23); the
-    cache holds random finite e4m3 bytes;
+    bandwidth-bound launches (2 and 1 warps; one warp at one split: sm_90's table's one-split
+    entries, where the fp16 q.K^T is on by default since session 23); the cache holds random
+    finite e4m3 bytes;
     query heads far apart in magnitude (x2^-30, x2^33, zero) exercise the fp16 dot's
     per-row rescaling."""
     import dataclasses

@@ -110,8 +110,8 @@ def _skip_unless_gluon_runs_here():
 # ------------------------------------------------------------------------ sm_90 compile (no GPU)
 
 
-# The sm_90 fp8 table's 2-split launch (513-4096 programs and up until session 21; 353-528 and
-# 1261-1584 since session 37): 32-wide tiles, 1 warp, 2 splits. The compile checks and numbers
+# The sm_90 fp8 table's 2-split launch (513-4096 programs and up until session 21; since then some
+# of its bands, config.H200_FP8): 32-wide tiles, 1 warp, 2 splits. The compile checks and numbers
 # in the notes are at this launch.
 TABLE_LAUNCH = (32, 1, 65, 2)
 

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 # splits, 1 warp) at 256-2048, where config.pallas_hopper_launch gives Pallas 2 warps.
 CONFIGS = (("bn64-s1-w2", 64, 1, 2), ("bn32-s4-w2", 32, 4, 2), ("bn32-s4-w1", 32, 4, 1),
            ("bn32-s2-w1", 32, 2, 1))  # the last: config.H200_FP8's launch at 1024-4096 programs
-# until session 21 (now 353-528 and, since session 37, 1261-1584 programs)
+# until session 21 (since then the 2-split bands of config.H200_FP8)
 HEADS, KV_HEADS, HEAD_DIM, SELECTION_BLOCKS = 24, 2, 256, 512  # W = 4 * 512 + 3 = 2051
 WIDTH = 4 * SELECTION_BLOCKS + 3
 

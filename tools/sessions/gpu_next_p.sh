@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For the next session (carry .whl .cache/originals; <= 130 s, then <= 480 s more on an H200). Rewritten in
 # session 38, whose device time went to nine refused starts (991 s) and three H100 calls.
-# 1. Any Hopper (owed by session 38, whose last 406 s could not start gpu_session38_d.sh):
+# 1. Any Hopper (owed by session 38, whose last 406 s could not start another machine):
 #    tests/test_fp8.py::test_gpu_fp8_parity at 1100 and 1650 rows, TP1's 2200 and 3300 programs, the
 #    2-split bands past 2048 that session 38 added to config.H200_FP8. Prediction: 9 passed.
 # 2. On an H200 only: gpu_session38_a.sh's H200 branch, which never got an H200 (its header has the
