@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # For the next session (carry .whl .cache/originals; <= 130 s, then <= 220 s more on an H100, <= 480 s on
 # an H200). Rewritten in session 38, whose device time went to nine refused starts (991 s) and three H100
-# calls; session 39 added the H100 branch.
-# 1. Any Hopper (owed by session 38, whose last 406 s could not start another machine):
+# calls; session 39 added the H100 branch, then got no machine at all (eight refused
+# starts and three "none asked for" answers took 1,557 s; the last 243 s could start none).
+# 1. Any Hopper (owed since session 38, whose last 406 s could not start another machine):
 #    tests/test_fp8.py::test_gpu_fp8_parity at 1100 and 1650 rows, TP1's 2200 and 3300 programs, the
 #    2-split bands past 2048 that session 38 added to config.H200_FP8. Prediction: 9 passed.
 # 2. On an H100: gpu_session39_a.sh (<= 220 s; its header has the predictions). On an H200:
