@@ -990,10 +990,9 @@ def test_fp16_keys_knob_reaches_fp8_launches_only(monkeypatch):
 def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
     """By default the fp16 q.K^T runs where it measured faster (notes/triton.md, sessions 17,
     21, 23): 8-row MMA tiles (G <= 8, TP4's 6 heads per KV head) at any split count, and
-    16-row tiles (TP1's G = 12) only where the launch has one split (the sm_90 fp8 table at
-    705-1056, 1585-2112 and 2641-3168 programs and above 3500 since sessions 37-38, 0.34.0's
-    large-batch launch; at
-    2 and 4 splits it measured slower through the shim's torch launch)."""
+    16-row tiles (TP1's G = 12) only where the launch has one split (the one-split entries of
+    config.H200_FP8, 0.34.0's large-batch launch; at 2 and 4 splits it measured slower through the
+    shim's torch launch)."""
     import jax
     import jax.numpy as jnp
 

@@ -4,6 +4,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import qsa_jax
 from qsa_jax.warmup import default_row_counts
@@ -112,8 +113,6 @@ def test_warmup_leaves_every_warmed_call_compiled():
 def test_warmup_config_and_its_old_name():
     """``config=`` takes what sparse_attention's takes, checked before anything compiles;
     ``table=`` still works, with a DeprecationWarning, and not together with ``config=``."""
-    import pytest
-
     kv = _deployment(np.random.default_rng(6), 1).kv_cache
     table = np.zeros((2, 3), np.int32)
     kw = dict(num_query_heads=4, selection_width=131, row_counts=[2], implementation="xla",
@@ -142,8 +141,6 @@ def test_warmup_follows_the_tables_flag_past_2048_programs(monkeypatch):
     is warmed with both flags; a measured table whose bands go past 2048 (session 38's fp8 table)
     is warmed once there and serves both flags. A table that would let such bands override two
     different large-batch entries is refused."""
-    import pytest
-
     from qsa_jax import config
 
     rng = np.random.default_rng(11)
