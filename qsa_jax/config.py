@@ -309,13 +309,15 @@ H200_FP8 = _table("h200-fp8-measured",
                    # 2200-2400 (2.1-2.3 waves) and 2.1-5.5% at 3300 (3.1 waves); it was the fastest at
                    # 2112, 2700, 2800 and 3168 (whole waves, or more than half of the last). Two splits,
                    # whose half-length programs fill the first half of the last wave, take 2113-2640 (to
-                   # 2.5 waves) and 3169-3500 (the last count where 2 splits won; 3501-3695 untimed). By
-                   # 3696 (3.5 waves) one split is back in front: 3.2% ahead of 2 splits at TP1, 0.4%
-                   # behind at TP4. Each count here is within 1.8% of the fastest and 0.72-0.91x of
-                   # 0.34.0. From 3501 the large-batch entry: past four waves a band would gain at most
-                   # 2.7% (2 splits at TP4 4300) and lose up to 2.0% (TP1 4600).
+                   # 2.5 waves) and 3169-3695 (to 3.5 waves). By 3696 one split is back in front: 3.2%
+                   # ahead of 2 splits at TP1, 0.4% behind at TP4. The band ended at 3500 until session
+                   # 40 (H100, bench/results/nvidia-h100_2026-12-08/session40/call_a/fp8/) timed 3550 and
+                   # 3650: 2 splits the fastest or 0.9% behind (TP1 3650), one split up to 3.5% behind
+                   # (TP4 3550). Each count here is within 1.8% of the fastest and 0.72-0.91x of 0.34.0.
+                   # From 3696 the large-batch entry: past four waves a band would gain at most 2.7%
+                   # (2 splits at TP4 4300) and lose up to 2.0% (TP1 4600).
                    (2112, (32, 1, 1, 2, "triton")), (2640, (32, 2, 1, 2, "triton")),
-                   (3168, (32, 1, 1, 2, "triton")), (3500, (32, 2, 1, 2, "triton"))],
+                   (3168, (32, 1, 1, 2, "triton")), (3695, (32, 2, 1, 2, "triton"))],
                   large_decode=(32, 1, 1, 2, "triton"))
 
 # This project's own tables, measured on a card of the given capability, same form as

@@ -1020,11 +1020,12 @@ def test_fp16_keys_default_follows_the_group_size_and_the_splits(monkeypatch):
     # (query heads, KV heads, rows) -> (QK_FP16, one split) on sm_90's table.
     # TP1 rows 265 / 353 / 528 / 529 / 793: 530 (3 splits), 706 (one), 1056 (one), 1058 (4 splits)
     # and 1586 programs (one); 1056 / 1100 / 1600 / 1751: 2112 (one), 2200 and 3200 (2 splits, session
-    # 38's bands past 2048, the prefill flag no different there) and 3502 (the large-batch entry)
+    # 38's bands past 2048, the prefill flag no different there) and 3502 (2 splits to 3695, session 40);
+    # 1848: 3696 (the large-batch entry)
     cases = {(24, 2, 8): (False, False), (24, 2, 264): (False, False), (24, 2, 265): (False, False),
              (24, 2, 353): (True, True), (24, 2, 528): (True, True), (24, 2, 529): (False, False),
              (24, 2, 793): (True, True), (24, 2, 1056): (True, True), (24, 2, 1100): (False, False),
-             (24, 2, 1600): (False, False), (24, 2, 1751): (True, True),
+             (24, 2, 1600): (False, False), (24, 2, 1751): (False, False), (24, 2, 1848): (True, True),
              (24, 2, 4096): (True, True), (6, 1, 8): (True, False),
              (6, 1, 4096): (True, True),
              (8, 1, 8): (True, False), (16, 1, 8): (False, False), (16, 1, 1024): (True, True)}
