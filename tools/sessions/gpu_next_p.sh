@@ -3,6 +3,8 @@
 # an H200). Rewritten in session 38, whose device time went to nine refused starts (991 s) and three H100
 # calls; session 39 added the H100 branch, then got no machine at all (eight refused
 # starts and three "none asked for" answers took 1,557 s; the last 243 s could start none).
+# Ran in session 40 as call a, on an H100 (bench/results/nvidia-h100_2026-12-08/session40/call_a/);
+# what it leaves owed is in gpu_next_q.sh.
 # 1. Any Hopper (owed since session 38, whose last 406 s could not start another machine):
 #    tests/test_fp8.py::test_gpu_fp8_parity at 1100 and 1650 rows, TP1's 2200 and 3300 programs, the
 #    2-split bands past 2048 that session 38 added to config.H200_FP8. Prediction: 9 passed.
