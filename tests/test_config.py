@@ -329,7 +329,7 @@ def test_bf16_counts_past_one_wave_are_the_fastest_timed():
     held within 2% here: one split was the fastest at 1450 and 1584 and 1.3-1.8% behind 2 splits at
     1800, not worth another band (2 splits stretched to 1450 would be 4% behind). Past 2048 programs
     (session 40, 2200-3300) the table's one 64-wide entry stands, held within 2% too: it was the
-    fastest or 0.3-1.0% behind the 32-wide one split, and 2-3 splits ran 1-6% slower."""
+    fastest or 0.3-1.0% behind the 32-wide one split, and 2-3 splits ran 2-6% slower."""
     seen = set()
     for path in (_SESSION36 / "call_a", _SESSION36 / "call_c", _SESSION37 / "call_b", _SESSION40):
         for programs, _, geometry, times, _ in _one_file_ab(path / "bf16" / "ab.json", None, None):
