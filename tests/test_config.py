@@ -270,7 +270,7 @@ def test_measured_table_is_the_committed_sweep_winners(is_fp8, sweeps):
     the entry it replaced" bites), and an entry's ``pallas_warps`` is the Pallas sweep winner's
     warps at that tiling; the other "triton" entries are the Pallas sweep's tiling. Bands (and,
     for fp8, both large-batch entries) with a single-file A/B (SM90_ONE_FILE_AB: fp8 sessions 21,
-    23, 26, 35, 37 and 38, bf16 sessions 25, 26, 36 and 37) are within 5% of the fastest tiling there, no
+    23, 26, 35, 37, 38 and 40, bf16 sessions 25, 26, 36, 37 and 40) are within 5% of the fastest tiling there, no
     slower than the entry they replaced (which the file must time) beyond REPEAT_NOISE, and within
     1.10x of its error from exact attention (the accuracy contract's slack, against the entry it
     replaced)."""
@@ -329,7 +329,7 @@ def test_bf16_counts_past_one_wave_are_the_fastest_timed():
     held within 2% here: one split was the fastest at 1450 and 1584 and 1.3-1.8% behind 2 splits at
     1800, not worth another band (2 splits stretched to 1450 would be 4% behind). Past 2048 programs
     (session 40, 2200-3300) the table's one 64-wide entry stands, held within 2% too: it was the
-    fastest or 0.3-1.0% behind the 32-wide one split, and 2-3 splits ran 2-6% slower."""
+    fastest or 0.1-1.0% behind the 32-wide one split, and 2-3 splits ran 2-6% slower."""
     seen = set()
     for path in (_SESSION36 / "call_a", _SESSION36 / "call_c", _SESSION37 / "call_b", _SESSION40):
         for programs, _, geometry, times, _ in _one_file_ab(path / "bf16" / "ab.json", None, None):
@@ -351,19 +351,21 @@ def test_fp8_counts_from_half_a_wave_are_the_fastest_timed():
     2112-3696; session 40 call a, 2200-3650; TP1 and TP4, 1-4 splits)
     the table's count was within 3% of the fastest on each geometry, and its worst loss over the two
     geometries was the smallest of the counts timed within REPEAT_NOISE (TP1 and TP4 disagree on the
-    fastest at 12 of these counts; at 700 programs this picks the count: 3 splits' 1.3% against one split's
+    fastest at 13 of these counts; at 700 programs this picks the count: 3 splits' 1.3% against one split's
     8.5%). The table-wide test's 5% would pass 3 splits at 1261-1320 (4.8% behind 2 at TP1), or 2
     splits ending at 2600 (one split 2.3% behind at TP4 2640). Past the last band (4300 and 4600
     programs), the large-batch entry's one split is held to the 3% only: 2 splits were 2.7% ahead at
-    TP4 4300 and 2.0% behind at TP1 4600, too little either way for a band at four waves."""
-    by_programs = {}
+    TP4 4300 and 2.0% behind at TP1 4600, too little either way for a band at four waves. Where
+    two files time one count (sessions 38 and 40 at 2200-3300), each is held on its own: ratios
+    from two processes are not compared."""
+    by_file = {}
     for path in (_SESSION37 / "call_a" / "fp8", _SESSION37 / "call_b" / "fp8", _SESSION38 / "call_a" / "fp8",
                  _SESSION38 / "call_c" / "fp8_past_2048", _SESSION40 / "fp8"):
         for programs, _, geometry, times, _ in _one_file_ab(path / "ab.json", "triton", None):
-            by_programs.setdefault(programs, {}).setdefault(geometry, {}).update(times)
+            by_file.setdefault((programs, str(path)), {})[geometry] = times
     table = cfgmod.MEASURED_TABLES[(9, 0)][True]
     counts = set()
-    for programs, by_geometry in sorted(by_programs.items()):
+    for (programs, _), by_geometry in sorted(by_file.items()):
         assert programs > 528 and set(by_geometry) == {"TP1", "TP4"}, (programs, sorted(by_geometry))
         got = cfgmod.table_tiling(programs, False, is_fp8=True, capability=(9, 0))
         worst = {t: max(times[t] / min(times.values()) for times in by_geometry.values())
@@ -373,7 +375,7 @@ def test_fp8_counts_from_half_a_wave_are_the_fastest_timed():
             assert worst[got] <= REPEAT_NOISE * min(worst.values()), (programs, got, worst)
         counts.add(got.splits)
     assert counts == {1, 2, 3, 4}, counts
-    assert max(by_programs) > table.bands[-1][0] > cfgmod.LARGE_BATCH_PROGRAMS, sorted(by_programs)
+    assert max(p for p, _ in by_file) > table.bands[-1][0] > cfgmod.LARGE_BATCH_PROGRAMS, sorted(by_file)
 
 
 def test_pallas_splits_are_pallas_own_measured_counts():
